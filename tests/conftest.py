@@ -1,0 +1,37 @@
+"""Shared pytest configuration: Hypothesis profiles and the device fixture.
+
+Example budgets live in named profiles, selected with ``--hypothesis-profile=NAME``
+(tox sets ``ci`` for the CPU suite and ``gpu`` for the CUDA suite):
+
+- ``dev``: quick local iteration.
+- ``ci``: the CPU suite under the Triton interpreter; derandomized so CI is repeatable.
+- ``gpu``: the CUDA suite; more and larger examples.
+- ``fuzz``: long campaigns.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+_SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
+
+settings.register_profile("dev", max_examples=10, deadline=None, suppress_health_check=_SLOW_OK)
+settings.register_profile(
+    "ci", max_examples=25, deadline=None, derandomize=True, print_blob=True,
+    suppress_health_check=_SLOW_OK,
+)
+settings.register_profile(
+    "gpu", max_examples=200, deadline=None, print_blob=True, suppress_health_check=_SLOW_OK
+)
+settings.register_profile(
+    "fuzz", max_examples=5000, deadline=None, print_blob=True, suppress_health_check=_SLOW_OK
+)
+settings.load_profile("dev")
+
+
+@pytest.fixture(scope="session")
+def device() -> str:
+    """The device the suite targets: CUDA when present, else the CPU (Triton interpreter)."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
