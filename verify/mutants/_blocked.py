@@ -1,0 +1,183 @@
+"""A correct blocked flash-attention in PyTorch, with named hook points for mutants.
+
+`BlockedAttention` is FlashAttention-2 written with torch ops: the forward walks the keys in
+tiles of `block_n` with an online softmax (running max m, running sum l, fp32 accumulator),
+rounds P to the input dtype before P@V, and saves lse = m + log l; the backward recomputes P
+from lse tile by tile, uses delta = rowsum(dO * O), and rounds P and dS to the input dtype
+before their matmuls (FA2 backward). All query rows of all heads are processed at once: rows
+are independent in FA2, so vectorising over them does not change any row's arithmetic, only
+the key tiling does.
+
+Each step that kernels get wrong is a small method ("hook"). A mutant subclasses
+`BlockedAttention`, overrides one hook with the bug, and exports an instance as `attention`,
+so the bug is the only code in its module. The hooks, in the order they run:
+
+- `kv_heads(Hq, Hkv, device)`: the kv head read by each query head (GQA mapping).
+- `effective_scale(scale, D)`: the softmax scale actually used.
+- `structure(Nq, Nk, ...)`: the (Nq, Nk) bool mask of causal/window rules.
+- `running_max(m, s)`: the new running row max.
+- `safe_max(m)`: the max used for exp(s - m) (guards rows that are still all -inf).
+- `round_p(p, dtype)`: P as fed to P@V (and P^T@dO in the backward).
+- `update(acc, pv, alpha, l_prev, l_new)`: the accumulator after one key tile.
+- `finalize(acc, l)`: the output from the accumulator and l.
+- `log_sum_exp(m, l)`: the lse saved for the backward.
+- `delta(grad_out, out)`: the backward's rowsum(dO * O).
+- `round_ds(ds, dtype)`: dS as fed to the dQ/dK matmuls.
+- `dk_tile(ds, q, scale)`: one key tile of dK (per query head).
+- `reduce_kv_grad(g, kv_heads, shape)`: dK/dV per kv head from the per-query-head ones.
+- `accumulator_dtype(dtype)`: the storage dtype of acc and l.
+
+Caveat: it is an emulation for the CPU and for tests (seconds for N in the hundreds), not a
+fast kernel. Dropout is not supported (raises NotImplementedError).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from reference.masks import structural_mask
+from verify.mutants._common import Problem, additive_bias, check_args, full_capabilities
+
+NEG_INF = float("-inf")
+
+
+class BlockedAttention:
+    """Correct FA2-order blocked attention; subclass and override one hook to plant a bug."""
+
+    block_n = 16
+    capabilities = full_capabilities()
+
+    # ---- hooks -------------------------------------------------------------------------
+    def kv_heads(self, Hq: int, Hkv: int, device) -> torch.Tensor:
+        return torch.arange(Hq, device=device) // (Hq // Hkv)
+
+    def effective_scale(self, scale: float | None, D: int) -> float:
+        return scale if scale is not None else D ** -0.5
+
+    def structure(self, Nq, Nk, *, is_causal, causal_alignment, window, device) -> torch.Tensor:
+        return structural_mask(Nq, Nk, is_causal=is_causal, causal_alignment=causal_alignment,
+                               window=window, device=device)
+
+    def running_max(self, m: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return torch.maximum(m, s.amax(dim=-1))
+
+    def safe_max(self, m: torch.Tensor) -> torch.Tensor:
+        return torch.where(m == NEG_INF, torch.zeros_like(m), m)
+
+    def round_p(self, p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return p.to(dtype).float()
+
+    def update(self, acc, pv, alpha, l_prev, l_new) -> torch.Tensor:
+        return alpha[..., None] * acc + pv
+
+    def finalize(self, acc: torch.Tensor, l: torch.Tensor) -> torch.Tensor:
+        safe_l = torch.where(l > 0, l, torch.ones_like(l))
+        return torch.where((l > 0)[..., None], acc / safe_l[..., None], torch.zeros_like(acc))
+
+    def log_sum_exp(self, m: torch.Tensor, l: torch.Tensor) -> torch.Tensor:
+        return torch.where(l > 0, m + torch.log(l), torch.full_like(m, NEG_INF))
+
+    def delta(self, grad_out: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return (grad_out.float() * out.float()).sum(dim=-1)
+
+    def round_ds(self, ds: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return ds.to(dtype).float()
+
+    def dk_tile(self, ds: torch.Tensor, q: torch.Tensor, scale: float) -> torch.Tensor:
+        return (ds.transpose(-1, -2) @ q) * scale
+
+    def reduce_kv_grad(self, g: torch.Tensor, kv_heads: torch.Tensor, shape) -> torch.Tensor:
+        return torch.zeros(shape, device=g.device).index_add_(1, kv_heads, g)
+
+    def accumulator_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return torch.float32
+
+    # ---- entry point ---------------------------------------------------------------------
+    def __call__(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                 scale=None, enable_gqa=False, *, window=None, causal_alignment="top_left"):
+        caps = self.capabilities
+        p = check_args(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                       window, causal_alignment, dtypes=caps["dtypes"],
+                       head_dims=caps["head_dims"])
+        p = Problem(p.B, p.Hq, p.Hkv, p.Nq, p.Nk, p.D, self.effective_scale(scale, p.D),
+                    p.is_causal, p.causal_alignment, p.window)
+        bias = additive_bias(attn_mask, p)
+        return _BlockedFunction.apply(self, p, bias, query, key, value)
+
+    # ---- the algorithm ------------------------------------------------------------------
+    def _tiles(self, p: Problem):
+        return [(lo, min(lo + self.block_n, p.Nk)) for lo in range(0, p.Nk, self.block_n)]
+
+    def _scores(self, qf, k_tile, allowed, bias, lo, hi, p: Problem) -> torch.Tensor:
+        s = (qf @ k_tile.transpose(-1, -2)) * p.scale
+        s = s.masked_fill(~allowed[:, lo:hi], NEG_INF)
+        if bias is not None:
+            s = s + bias[..., lo:hi]
+        return s
+
+    def _gathered(self, query, key, value, p: Problem):
+        kvh = self.kv_heads(p.Hq, p.Hkv, query.device)
+        allowed = self.structure(p.Nq, p.Nk, is_causal=p.is_causal,
+                                 causal_alignment=p.causal_alignment, window=p.window,
+                                 device=query.device)
+        return kvh, key.index_select(1, kvh).float(), value.index_select(1, kvh).float(), allowed
+
+    def forward(self, query, key, value, bias, p: Problem):
+        """(out in the input dtype, lse fp32 (B, Hq, Nq))."""
+        dtype = query.dtype
+        acc_dtype = self.accumulator_dtype(dtype)
+        _, kf, vf, allowed = self._gathered(query, key, value, p)
+        qf = query.float()
+        m = torch.full((p.B, p.Hq, p.Nq), NEG_INF, device=query.device)
+        l = torch.zeros((p.B, p.Hq, p.Nq), device=query.device, dtype=acc_dtype)
+        acc = torch.zeros((p.B, p.Hq, p.Nq, p.D), device=query.device, dtype=acc_dtype)
+        for lo, hi in self._tiles(p):
+            s = self._scores(qf, kf[..., lo:hi, :], allowed, bias, lo, hi, p)
+            m_new = self.running_max(m, s)
+            m_use = self.safe_max(m_new)
+            pt = torch.exp(s - m_use[..., None])
+            alpha = torch.exp(m - m_use)
+            l_new = alpha * l.float() + pt.sum(dim=-1)
+            pv = self.round_p(pt, dtype) @ vf[..., lo:hi, :]
+            acc = self.update(acc.float(), pv, alpha, l.float(), l_new).to(acc_dtype)
+            l, m = l_new.to(acc_dtype), m_new
+        out = self.finalize(acc.float(), l.float())
+        return out.to(dtype), self.log_sum_exp(m, l.float())
+
+    def backward(self, query, key, value, bias, out, lse, grad_out, p: Problem):
+        """FA2 backward: (dq, dk, dv) in the input dtype."""
+        dtype = query.dtype
+        kvh, kf, vf, allowed = self._gathered(query, key, value, p)
+        qf, dof = query.float(), grad_out.float()
+        delta = self.delta(grad_out, out)
+        lse_use = self.safe_max(lse)
+        dq = torch.zeros_like(qf)
+        dk_h = torch.zeros_like(kf)
+        dv_h = torch.zeros_like(vf)
+        for lo, hi in self._tiles(p):
+            k_t, v_t = kf[..., lo:hi, :], vf[..., lo:hi, :]
+            s = self._scores(qf, k_t, allowed, bias, lo, hi, p)
+            pt = torch.exp(s - lse_use[..., None])
+            dv_h[..., lo:hi, :] = self.round_p(pt, dtype).transpose(-1, -2) @ dof
+            dp = dof @ v_t.transpose(-1, -2)
+            ds = self.round_ds(pt * (dp - delta[..., None]), dtype)
+            dq += (ds @ k_t) * p.scale
+            dk_h[..., lo:hi, :] = self.dk_tile(ds, qf, p.scale)
+        dk = self.reduce_kv_grad(dk_h, kvh, key.shape)
+        dv = self.reduce_kv_grad(dv_h, kvh, value.shape)
+        return dq.to(dtype), dk.to(dtype), dv.to(dtype)
+
+
+class _BlockedFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, impl, p, bias, query, key, value):
+        out, lse = impl.forward(query, key, value, bias, p)
+        ctx.impl, ctx.p, ctx.bias = impl, p, bias
+        ctx.save_for_backward(query, key, value, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        query, key, value, out, lse = ctx.saved_tensors
+        dq, dk, dv = ctx.impl.backward(query, key, value, ctx.bias, out, lse, grad_out, ctx.p)
+        return None, None, None, dq, dk, dv
