@@ -1,0 +1,15 @@
+"""Triton flash-attention kernels under test.
+
+- :func:`attention`: FlashAttention-2 order forward and backward (``kernels.flash_attention``).
+- :func:`attention_fa1`: FlashAttention-1 order forward (K/V tiles outer, O/m/l rescaled in
+  global memory), sharing the FA2 backward (``kernels.flash_attention_fa1``).
+
+Both take PyTorch's SDPA signature plus the ``window``/``causal_alignment`` extensions and
+carry a ``capabilities`` mapping (docs/contracts.md section 2). This package imports torch
+and triton only. On the CPU the kernels run under Triton's interpreter, which must be
+enabled with ``TRITON_INTERPRET=1`` before triton is first imported.
+"""
+
+from kernels.flash_attention import attention
+
+__all__ = ["attention"]

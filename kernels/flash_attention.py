@@ -1,0 +1,767 @@
+"""FlashAttention-2 forward and backward in Triton, behind PyTorch's SDPA signature.
+
+Layout of this module (Triton fused-attention tutorial / Liger-Kernel style):
+- ``_band_range``/``_allowed``/``_load_2d``: small jit helpers;
+- ``_fwd_kernel``: one program per (Q tile, batch x head); online softmax in fp32 with
+  ``exp2`` and log2(e) folded into the scale; saves the row log-sum-exp (base 2) for the
+  backward;
+- ``_bwd_preprocess``: delta_i = rowsum(dO_i * O_i);
+- ``_bwd_dkdv_kernel``: one program per (K tile, batch x kv head); loops over the query heads
+  of its GQA group, then over Q tiles; optionally accumulates dQ with atomics;
+- ``_bwd_dq_kernel``: one program per (Q tile, batch x head);
+- ``_forward``/``_backward``: launchers; ``_Attention``: the ``autograd.Function``;
+- ``attention``: the public SDPA-compatible entry; ``attention_ext`` adds the non-SDPA
+  knobs (``deterministic``, ``allow_tf32``); ``attention_atomic``/``attention_tf32`` are
+  those knobs pre-set.
+
+The causal/window band is turned into a per-program tile range ``[lo, hi)`` split into
+masked edge tiles and unmasked full tiles, so tiles entirely outside the band are never
+computed and full tiles carry no masking (see ``_band_range``). Masks, bias, band and
+boundary checks sit behind constexpr flags.
+
+Caveats:
+- The backward is deterministic (no atomics) unless ``deterministic=False`` is asked for.
+- fp32 inputs use IEEE fp32 dot products unless ``allow_tf32=True``.
+- Scores are scaled in fp32 after the Q K^T dot product (``qk * scale * log2e``, fused with
+  the max subtraction) instead of pre-scaling Q in its own dtype: this costs one FMA per
+  score but adds no extra rounding of Q.
+- Under the CPU interpreter bfloat16 is refused (Triton's interpreter computes bf16
+  arithmetic and ``tl.dot`` wrongly).
+- No gradient with respect to ``attn_mask``; double backward is not supported.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import _common
+from kernels._common import (
+    BF16_INTERPRETER_REASON,
+    DTYPE_NAMES,
+    INTERPRET,
+    Problem,
+    block_d,
+    make_configs,
+    make_pruner,
+    validate,
+)
+
+LOG2E = 1.4426950408889634
+
+# ----------------------------------------------------------------------------- jit helpers
+
+
+@triton.jit
+def _load_2d(ptrs, offs_r, offs_c, n_r, n_c, CHECK_R: tl.constexpr, CHECK_C: tl.constexpr):
+    """Load a 2-D tile, bounds-checking only the dims whose flag is set (zeros outside)."""
+    if CHECK_R:
+        if CHECK_C:
+            return tl.load(ptrs, mask=(offs_r[:, None] < n_r) & (offs_c[None, :] < n_c),
+                           other=0.0)
+        else:
+            return tl.load(ptrs, mask=offs_r[:, None] < n_r, other=0.0)
+    else:
+        if CHECK_C:
+            return tl.load(ptrs, mask=offs_c[None, :] < n_c, other=0.0)
+        else:
+            return tl.load(ptrs)
+
+
+@triton.jit
+def _band_range(r_lo, r_hi, lo_off, hi_off, N, BLOCK: tl.constexpr, HAS_LO: tl.constexpr,
+                HAS_HI: tl.constexpr):
+    """Tile range of the "other" axis that rows ``r_lo..r_hi`` can see.
+
+    Row r sees column c iff ``r + lo_off <= c`` (if HAS_LO) and ``c <= r + hi_off`` (if
+    HAS_HI), with ``0 <= c < N``. Returns ``lo <= full_lo <= full_hi <= hi``: tiles in
+    ``[lo, full_lo)`` and ``[full_hi, hi)`` need masking; tiles in ``[full_lo, full_hi)`` are
+    entirely visible to every row and entirely inside ``[0, N)``. Tiles outside ``[lo, hi)``
+    are entirely masked and are skipped.
+    """
+    n_full = (N // BLOCK) * BLOCK
+    if HAS_LO:
+        lo = (tl.maximum(r_lo + lo_off, 0) // BLOCK) * BLOCK
+        full_lo = tl.cdiv(tl.maximum(r_hi + lo_off, 0), BLOCK) * BLOCK
+    else:
+        lo = 0
+        full_lo = 0
+    if HAS_HI:
+        hi = tl.minimum(tl.maximum(r_hi + hi_off + 1, 0), N)
+        full_hi = tl.minimum((tl.maximum(r_lo + hi_off + 1, 0) // BLOCK) * BLOCK, n_full)
+    else:
+        hi = N
+        full_hi = n_full
+    hi = tl.maximum(hi, lo)
+    hi_t = tl.cdiv(hi, BLOCK) * BLOCK
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi_t)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi_t)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def _allowed(offs_m, offs_n, N_CTX_Q, N_CTX_K, lo_off, hi_off, HAS_LO: tl.constexpr,
+             HAS_HI: tl.constexpr, TRANS: tl.constexpr):
+    """Band and bounds mask of a (BLOCK_M, BLOCK_N) tile, or its transpose if TRANS."""
+    if TRANS:
+        ok = (offs_m[None, :] < N_CTX_Q) & (offs_n[:, None] < N_CTX_K)
+        if HAS_LO:
+            ok = ok & (offs_n[:, None] >= offs_m[None, :] + lo_off)
+        if HAS_HI:
+            ok = ok & (offs_n[:, None] <= offs_m[None, :] + hi_off)
+    else:
+        ok = (offs_m[:, None] < N_CTX_Q) & (offs_n[None, :] < N_CTX_K)
+        if HAS_LO:
+            ok = ok & (offs_n[None, :] >= offs_m[:, None] + lo_off)
+        if HAS_HI:
+            ok = ok & (offs_n[None, :] <= offs_m[:, None] + hi_off)
+    return ok
+
+
+@triton.jit
+def _mask_tile(m_base, offs_m, offs_n, stride_mm, stride_mn, N_CTX_Q, N_CTX_K,
+               TRANS: tl.constexpr):
+    """The attn_mask tile (as stored: bool bytes or additive values), zeros out of bounds."""
+    if TRANS:
+        ptrs = m_base + offs_n[:, None] * stride_mn + offs_m[None, :] * stride_mm
+        inb = (offs_n[:, None] < N_CTX_K) & (offs_m[None, :] < N_CTX_Q)
+    else:
+        ptrs = m_base + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn
+        inb = (offs_m[:, None] < N_CTX_Q) & (offs_n[None, :] < N_CTX_K)
+    return tl.load(ptrs, mask=inb, other=0)
+
+
+@triton.jit
+def _scores(qk, m_base, offs_m, offs_n, stride_mm, stride_mn, N_CTX_Q, N_CTX_K, qk_scale,
+            lo_off, hi_off, MASKED: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
+            MASK_KIND: tl.constexpr, TRANS: tl.constexpr):
+    """Scaled scores (base-2 units) with bias added and masked entries at -inf."""
+    s = qk * qk_scale
+    if MASK_KIND == 2:
+        bias = _mask_tile(m_base, offs_m, offs_n, stride_mm, stride_mn, N_CTX_Q, N_CTX_K, TRANS)
+        s = s + bias.to(tl.float32) * 1.4426950408889634
+    if MASK_KIND == 1:
+        keep = _mask_tile(m_base, offs_m, offs_n, stride_mm, stride_mn, N_CTX_Q, N_CTX_K, TRANS)
+        s = tl.where(keep != 0, s, float("-inf"))
+    if MASKED:
+        ok = _allowed(offs_m, offs_n, N_CTX_Q, N_CTX_K, lo_off, hi_off, HAS_LO, HAS_HI, TRANS)
+        s = tl.where(ok, s, float("-inf"))
+    return s
+
+
+# ----------------------------------------------------------------------------- forward
+
+
+@triton.jit
+def _fwd_inner(acc, l_i, m_i, cnt, q, k_base, v_base, m_base, offs_m, start, end,
+               stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
+               N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
+               MASKED: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
+               MASK_KIND: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_D: tl.constexpr, PAD_D: tl.constexpr):
+    offs_d = tl.arange(0, BLOCK_D)
+    for start_n in range(start, end, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kT = _load_2d(k_base + offs_d[:, None] * stride_kd + offs_n[None, :] * stride_kn,
+                      offs_d, offs_n, HEAD_DIM, N_CTX_K, PAD_D, MASKED)
+        qk = tl.dot(q, kT, input_precision=PRECISION)
+        if MASKED or MASK_KIND != 0:
+            s = _scores(qk, m_base, offs_m, offs_n, stride_mm, stride_mn, N_CTX_Q, N_CTX_K,
+                        qk_scale, lo_off, hi_off, MASKED, HAS_LO, HAS_HI, MASK_KIND, False)
+            m_ij = tl.maximum(m_i, tl.max(s, 1))
+            # A row with nothing visible so far keeps m = -inf; subtract 0 instead so that
+            # exp2(-inf - -inf) never produces NaN.
+            m_use = tl.where(m_ij == float("-inf"), 0.0, m_ij)
+            s = s - m_use[:, None]
+        else:
+            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            m_use = m_ij
+            s = qk * qk_scale - m_use[:, None]
+        p = tl.exp2(s)
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        v = _load_2d(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                     offs_n, offs_d, N_CTX_K, HEAD_DIM, MASKED, PAD_D)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+        m_i = m_ij
+        cnt += 1
+    return acc, l_i, m_i, cnt
+
+
+_FWD_KEY = ["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "DTYPE_KEY", "IS_CAUSAL"]
+_EVEN = {
+    "EVEN_M": lambda a: a["N_CTX_Q"] % a["BLOCK_M"] == 0,
+    "EVEN_N": lambda a: a["N_CTX_K"] % a["BLOCK_N"] == 0,
+    "PAD_D": lambda a: a["HEAD_DIM"] != a["BLOCK_D"],
+}
+
+
+@triton.autotune(configs=make_configs("BLOCK_M", "BLOCK_N"), key=_FWD_KEY,
+                 prune_configs_by={"early_config_prune":
+                                   make_pruner("fwd", "BLOCK_M", "BLOCK_N", "Q")})
+@triton.heuristics(_EVEN)
+@triton.jit
+def _fwd_kernel(Q, K, V, M, O, LSE, STATS,
+                stride_qz, stride_qh, stride_qm, stride_qd,
+                stride_kz, stride_kh, stride_kn, stride_kd,
+                stride_vz, stride_vh, stride_vn, stride_vd,
+                stride_mz, stride_mh, stride_mm, stride_mn,
+                stride_oz, stride_oh, stride_om, stride_od,
+                H, GROUP, N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
+                DTYPE_KEY: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASK_KIND: tl.constexpr,
+                PRECISION: tl.constexpr, COUNT_TILES: tl.constexpr, BLOCK_D: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
+                EVEN_N: tl.constexpr, PAD_D: tl.constexpr):
+    pid_m = tl.program_id(0)
+    off_bh = tl.program_id(1)
+    off_z = (off_bh // H).to(tl.int64)
+    off_h = off_bh % H
+    off_hk = (off_h // GROUP).to(tl.int64)
+    off_h = off_h.to(tl.int64)
+    q_base = Q + off_z * stride_qz + off_h * stride_qh
+    k_base = K + off_z * stride_kz + off_hk * stride_kh
+    v_base = V + off_z * stride_vz + off_hk * stride_vh
+    m_base = M + off_z * stride_mz + off_h * stride_mh
+
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = _load_2d(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                 offs_m, offs_d, N_CTX_Q, HEAD_DIM, not EVEN_M, PAD_D)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    n_edge = 0
+    n_full = 0
+
+    r_hi = tl.minimum(start_m + BLOCK_M, N_CTX_Q) - 1
+    lo, full_lo, full_hi, hi = _band_range(start_m, r_hi, lo_off, hi_off, N_CTX_K, BLOCK_N,
+                                           HAS_LO, HAS_HI)
+    if HAS_LO:
+        acc, l_i, m_i, n_edge = _fwd_inner(
+            acc, l_i, m_i, n_edge, q, k_base, v_base, m_base, offs_m, lo, full_lo,
+            stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
+            N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
+            True, HAS_LO, HAS_HI, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D)
+    acc, l_i, m_i, n_full = _fwd_inner(
+        acc, l_i, m_i, n_full, q, k_base, v_base, m_base, offs_m, full_lo, full_hi,
+        stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
+        N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
+        False, HAS_LO, HAS_HI, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D)
+    if HAS_HI or not EVEN_N:
+        acc, l_i, m_i, n_edge = _fwd_inner(
+            acc, l_i, m_i, n_edge, q, k_base, v_base, m_base, offs_m, full_hi, hi,
+            stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
+            N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
+            True, HAS_LO, HAS_HI, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D)
+
+    # Rows that saw no key (l = 0, acc = 0): output 0 and lse = -inf, never 0/0.
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    lse = tl.where(empty, float("-inf"), m_i + tl.log2(l_safe))
+    o_ptrs = O + off_z * stride_oz + off_h * stride_oh + offs_m[:, None] * stride_om \
+        + offs_d[None, :] * stride_od
+    if EVEN_M:
+        if PAD_D:
+            tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=offs_d[None, :] < HEAD_DIM)
+        else:
+            tl.store(o_ptrs, out.to(O.dtype.element_ty))
+        tl.store(LSE + off_bh.to(tl.int64) * N_CTX_Q + offs_m, lse)
+    else:
+        tl.store(o_ptrs, out.to(O.dtype.element_ty),
+                 mask=(offs_m[:, None] < N_CTX_Q) & (offs_d[None, :] < HEAD_DIM))
+        tl.store(LSE + off_bh.to(tl.int64) * N_CTX_Q + offs_m, lse, mask=offs_m < N_CTX_Q)
+    if COUNT_TILES:
+        slot = (off_bh * tl.num_programs(0) + pid_m) * 2
+        tl.store(STATS + slot, n_edge)
+        tl.store(STATS + slot + 1, n_full)
+
+
+# ----------------------------------------------------------------------------- backward
+
+
+@triton.jit
+def _bwd_preprocess(O, DO, DELTA, stride_oz, stride_oh, stride_om, stride_od,
+                    stride_doz, stride_doh, stride_dom, stride_dod, H, N_CTX_Q, HEAD_DIM,
+                    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid_m = tl.program_id(0)
+    off_bh = tl.program_id(1)
+    off_z = (off_bh // H).to(tl.int64)
+    off_h = (off_bh % H).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    inb = (offs_m[:, None] < N_CTX_Q) & (offs_d[None, :] < HEAD_DIM)
+    o = tl.load(O + off_z * stride_oz + off_h * stride_oh + offs_m[:, None] * stride_om
+                + offs_d[None, :] * stride_od, mask=inb, other=0.0)
+    do = tl.load(DO + off_z * stride_doz + off_h * stride_doh + offs_m[:, None] * stride_dom
+                 + offs_d[None, :] * stride_dod, mask=inb, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    tl.store(DELTA + off_bh.to(tl.int64) * N_CTX_Q + offs_m, delta, mask=offs_m < N_CTX_Q)
+
+
+@triton.jit
+def _row_stats(lse_base, delta_base, offs_m, N_CTX_Q, CHECK: tl.constexpr):
+    """lse (base 2) and delta of rows ``offs_m``; lse = -inf (empty row) becomes +inf so
+    that the recomputed P = exp2(s - lse) is 0 there, never NaN."""
+    if CHECK:
+        lse = tl.load(lse_base + offs_m, mask=offs_m < N_CTX_Q, other=0.0)
+        delta = tl.load(delta_base + offs_m, mask=offs_m < N_CTX_Q, other=0.0)
+    else:
+        lse = tl.load(lse_base + offs_m)
+        delta = tl.load(delta_base + offs_m)
+    lse = tl.where(lse == float("-inf"), float("inf"), lse)
+    return lse, delta
+
+
+@triton.jit
+def _dkdv_inner(dk, dv, cnt, k, v, q_base, do_base, m_base, lse_base, delta_base, dq_base,
+                offs_n, start, end,
+                stride_qm, stride_qd, stride_dom, stride_dod, stride_mm, stride_mn,
+                stride_dqm, stride_dqd,
+                N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, sm_scale, lo_off, hi_off,
+                MASKED: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
+                MASK_KIND: tl.constexpr, PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr):
+    offs_d = tl.arange(0, BLOCK_D)
+    for start_m in range(start, end, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        qT = _load_2d(q_base + offs_d[:, None] * stride_qd + offs_m[None, :] * stride_qm,
+                      offs_d, offs_m, HEAD_DIM, N_CTX_Q, PAD_D, MASKED)
+        lse, delta = _row_stats(lse_base, delta_base, offs_m, N_CTX_Q, MASKED)
+        qkT = tl.dot(k, qT, input_precision=PRECISION)
+        if MASKED or MASK_KIND != 0:
+            sT = _scores(qkT, m_base, offs_m, offs_n, stride_mm, stride_mn, N_CTX_Q, N_CTX_K,
+                         qk_scale, lo_off, hi_off, MASKED, HAS_LO, HAS_HI, MASK_KIND, True)
+            pT = tl.exp2(sT - lse[None, :])
+        else:
+            pT = tl.exp2(qkT * qk_scale - lse[None, :])
+        do = _load_2d(do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                      offs_m, offs_d, N_CTX_Q, HEAD_DIM, MASKED, PAD_D)
+        dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=PRECISION)
+        dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+        dsT = pT * (dpT - delta[None, :])
+        dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=PRECISION)
+        if ATOMIC_DQ:
+            dq = tl.dot(tl.trans(dsT).to(k.dtype), k, input_precision=PRECISION) * sm_scale
+            tl.atomic_add(dq_base + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
+                          dq, mask=(offs_m[:, None] < N_CTX_Q) & (offs_d[None, :] < HEAD_DIM))
+        cnt += 1
+    return dk, dv, cnt
+
+
+_BWD_KEY = ["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "DTYPE_KEY", "IS_CAUSAL"]
+
+
+@triton.autotune(configs=make_configs("BLOCK_N", "BLOCK_M"), key=_BWD_KEY,
+                 prune_configs_by={"early_config_prune":
+                                   make_pruner("dkdv", "BLOCK_N", "BLOCK_M", "Q")},
+                 reset_to_zero=["DQ"])
+@triton.heuristics(_EVEN)
+@triton.jit
+def _bwd_dkdv_kernel(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, STATS,
+                     stride_qz, stride_qh, stride_qm, stride_qd,
+                     stride_kz, stride_kh, stride_kn, stride_kd,
+                     stride_vz, stride_vh, stride_vn, stride_vd,
+                     stride_mz, stride_mh, stride_mm, stride_mn,
+                     stride_doz, stride_doh, stride_dom, stride_dod,
+                     stride_dkz, stride_dkh, stride_dkn, stride_dkd,
+                     stride_dqz, stride_dqh, stride_dqm, stride_dqd,
+                     HKV, GROUP, N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, sm_scale, lo_off, hi_off,
+                     DTYPE_KEY: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                     HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASK_KIND: tl.constexpr,
+                     PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+                     COUNT_TILES: tl.constexpr, BLOCK_D: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
+                     EVEN_N: tl.constexpr, PAD_D: tl.constexpr):
+    pid_n = tl.program_id(0)
+    off_bhk = tl.program_id(1)
+    off_z = (off_bhk // HKV).to(tl.int64)
+    off_hk = (off_bhk % HKV).to(tl.int64)
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    k = _load_2d(K + off_z * stride_kz + off_hk * stride_kh + offs_n[:, None] * stride_kn
+                 + offs_d[None, :] * stride_kd, offs_n, offs_d, N_CTX_K, HEAD_DIM,
+                 not EVEN_N, PAD_D)
+    v = _load_2d(V + off_z * stride_vz + off_hk * stride_vh + offs_n[:, None] * stride_vn
+                 + offs_d[None, :] * stride_vd, offs_n, offs_d, N_CTX_K, HEAD_DIM,
+                 not EVEN_N, PAD_D)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    n_edge = 0
+    n_full = 0
+    c_hi = tl.minimum(start_n + BLOCK_N, N_CTX_K) - 1
+    # Key j is seen by query i iff j - hi_off <= i <= j - lo_off: the same band, transposed.
+    lo, full_lo, full_hi, hi = _band_range(start_n, c_hi, -hi_off, -lo_off, N_CTX_Q, BLOCK_M,
+                                           HAS_HI, HAS_LO)
+    H = HKV * GROUP
+    # The query heads of this kv head are visited in order: deterministic, no atomics.
+    for g in range(0, GROUP):
+        off_h = off_hk * GROUP + g
+        off_bh = off_z * H + off_h
+        q_base = Q + off_z * stride_qz + off_h * stride_qh
+        do_base = DO + off_z * stride_doz + off_h * stride_doh
+        m_base = M + off_z * stride_mz + off_h * stride_mh
+        lse_base = LSE + off_bh * N_CTX_Q
+        delta_base = DELTA + off_bh * N_CTX_Q
+        dq_base = DQ + off_z * stride_dqz + off_h * stride_dqh
+        if HAS_HI:
+            dk, dv, n_edge = _dkdv_inner(
+                dk, dv, n_edge, k, v, q_base, do_base, m_base, lse_base, delta_base, dq_base,
+                offs_n, lo, full_lo, stride_qm, stride_qd, stride_dom, stride_dod,
+                stride_mm, stride_mn, stride_dqm, stride_dqd, N_CTX_Q, N_CTX_K, HEAD_DIM,
+                qk_scale, sm_scale, lo_off, hi_off, True, HAS_LO, HAS_HI, MASK_KIND,
+                PRECISION, ATOMIC_DQ, BLOCK_M, BLOCK_D, PAD_D)
+        dk, dv, n_full = _dkdv_inner(
+            dk, dv, n_full, k, v, q_base, do_base, m_base, lse_base, delta_base, dq_base,
+            offs_n, full_lo, full_hi, stride_qm, stride_qd, stride_dom, stride_dod,
+            stride_mm, stride_mn, stride_dqm, stride_dqd, N_CTX_Q, N_CTX_K, HEAD_DIM,
+            qk_scale, sm_scale, lo_off, hi_off, False, HAS_LO, HAS_HI, MASK_KIND,
+            PRECISION, ATOMIC_DQ, BLOCK_M, BLOCK_D, PAD_D)
+        if HAS_LO or not EVEN_M:
+            dk, dv, n_edge = _dkdv_inner(
+                dk, dv, n_edge, k, v, q_base, do_base, m_base, lse_base, delta_base, dq_base,
+                offs_n, full_hi, hi, stride_qm, stride_qd, stride_dom, stride_dod,
+                stride_mm, stride_mn, stride_dqm, stride_dqd, N_CTX_Q, N_CTX_K, HEAD_DIM,
+                qk_scale, sm_scale, lo_off, hi_off, True, HAS_LO, HAS_HI, MASK_KIND,
+                PRECISION, ATOMIC_DQ, BLOCK_M, BLOCK_D, PAD_D)
+    dk = dk * sm_scale
+    st_mask = (offs_n[:, None] < N_CTX_K) & (offs_d[None, :] < HEAD_DIM)
+    # DK and DV are allocated by the launcher with identical (contiguous) strides.
+    dk_ptrs = off_z * stride_dkz + off_hk * stride_dkh + offs_n[:, None] * stride_dkn \
+        + offs_d[None, :] * stride_dkd
+    tl.store(DK + dk_ptrs, dk.to(DK.dtype.element_ty), mask=st_mask)
+    tl.store(DV + dk_ptrs, dv.to(DV.dtype.element_ty), mask=st_mask)
+    if COUNT_TILES:
+        slot = (off_bhk * tl.num_programs(0) + pid_n) * 2
+        tl.store(STATS + slot, n_edge)
+        tl.store(STATS + slot + 1, n_full)
+
+
+@triton.jit
+def _dq_inner(dq, cnt, q, do, lse, delta, k_base, v_base, m_base, offs_m, start, end,
+              stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
+              N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
+              MASKED: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
+              MASK_KIND: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_D: tl.constexpr, PAD_D: tl.constexpr):
+    offs_d = tl.arange(0, BLOCK_D)
+    for start_n in range(start, end, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kT = _load_2d(k_base + offs_d[:, None] * stride_kd + offs_n[None, :] * stride_kn,
+                      offs_d, offs_n, HEAD_DIM, N_CTX_K, PAD_D, MASKED)
+        vT = _load_2d(v_base + offs_d[:, None] * stride_vd + offs_n[None, :] * stride_vn,
+                      offs_d, offs_n, HEAD_DIM, N_CTX_K, PAD_D, MASKED)
+        qk = tl.dot(q, kT, input_precision=PRECISION)
+        if MASKED or MASK_KIND != 0:
+            s = _scores(qk, m_base, offs_m, offs_n, stride_mm, stride_mn, N_CTX_Q, N_CTX_K,
+                        qk_scale, lo_off, hi_off, MASKED, HAS_LO, HAS_HI, MASK_KIND, False)
+            p = tl.exp2(s - lse[:, None])
+        else:
+            p = tl.exp2(qk * qk_scale - lse[:, None])
+        dp = tl.dot(do, vT, input_precision=PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq, input_precision=PRECISION)
+        cnt += 1
+    return dq, cnt
+
+
+@triton.autotune(configs=make_configs("BLOCK_M", "BLOCK_N"), key=_BWD_KEY,
+                 prune_configs_by={"early_config_prune":
+                                   make_pruner("dq", "BLOCK_M", "BLOCK_N", "Q")})
+@triton.heuristics(_EVEN)
+@triton.jit
+def _bwd_dq_kernel(Q, K, V, M, DO, LSE, DELTA, DQ, STATS,
+                   stride_qz, stride_qh, stride_qm, stride_qd,
+                   stride_kz, stride_kh, stride_kn, stride_kd,
+                   stride_vz, stride_vh, stride_vn, stride_vd,
+                   stride_mz, stride_mh, stride_mm, stride_mn,
+                   stride_doz, stride_doh, stride_dom, stride_dod,
+                   stride_dqz, stride_dqh, stride_dqm, stride_dqd,
+                   H, GROUP, N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, sm_scale, lo_off, hi_off,
+                   DTYPE_KEY: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                   HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASK_KIND: tl.constexpr,
+                   PRECISION: tl.constexpr, COUNT_TILES: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
+                   EVEN_N: tl.constexpr, PAD_D: tl.constexpr):
+    pid_m = tl.program_id(0)
+    off_bh = tl.program_id(1)
+    off_z = (off_bh // H).to(tl.int64)
+    off_h = off_bh % H
+    off_hk = (off_h // GROUP).to(tl.int64)
+    off_h = off_h.to(tl.int64)
+    k_base = K + off_z * stride_kz + off_hk * stride_kh
+    v_base = V + off_z * stride_vz + off_hk * stride_vh
+    m_base = M + off_z * stride_mz + off_h * stride_mh
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = _load_2d(Q + off_z * stride_qz + off_h * stride_qh + offs_m[:, None] * stride_qm
+                 + offs_d[None, :] * stride_qd, offs_m, offs_d, N_CTX_Q, HEAD_DIM,
+                 not EVEN_M, PAD_D)
+    do = _load_2d(DO + off_z * stride_doz + off_h * stride_doh + offs_m[:, None] * stride_dom
+                  + offs_d[None, :] * stride_dod, offs_m, offs_d, N_CTX_Q, HEAD_DIM,
+                  not EVEN_M, PAD_D)
+    lse, delta = _row_stats(LSE + off_bh.to(tl.int64) * N_CTX_Q,
+                            DELTA + off_bh.to(tl.int64) * N_CTX_Q, offs_m, N_CTX_Q, not EVEN_M)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    n_edge = 0
+    n_full = 0
+    r_hi = tl.minimum(start_m + BLOCK_M, N_CTX_Q) - 1
+    lo, full_lo, full_hi, hi = _band_range(start_m, r_hi, lo_off, hi_off, N_CTX_K, BLOCK_N,
+                                           HAS_LO, HAS_HI)
+    if HAS_LO:
+        dq, n_edge = _dq_inner(
+            dq, n_edge, q, do, lse, delta, k_base, v_base, m_base, offs_m, lo, full_lo,
+            stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
+            N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
+            True, HAS_LO, HAS_HI, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D)
+    dq, n_full = _dq_inner(
+        dq, n_full, q, do, lse, delta, k_base, v_base, m_base, offs_m, full_lo, full_hi,
+        stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
+        N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
+        False, HAS_LO, HAS_HI, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D)
+    if HAS_HI or not EVEN_N:
+        dq, n_edge = _dq_inner(
+            dq, n_edge, q, do, lse, delta, k_base, v_base, m_base, offs_m, full_hi, hi,
+            stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
+            N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
+            True, HAS_LO, HAS_HI, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D)
+    dq = dq * sm_scale
+    tl.store(DQ + off_z * stride_dqz + off_h * stride_dqh + offs_m[:, None] * stride_dqm
+             + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty),
+             mask=(offs_m[:, None] < N_CTX_Q) & (offs_d[None, :] < HEAD_DIM))
+    if COUNT_TILES:
+        slot = (off_bh * tl.num_programs(0) + pid_m) * 2
+        tl.store(STATS + slot, n_edge)
+        tl.store(STATS + slot + 1, n_full)
+
+
+# ----------------------------------------------------------------------------- launchers
+
+
+def _strides(t: torch.Tensor | None) -> tuple[int, int, int, int]:
+    return tuple(t.stride()) if t is not None else (0, 0, 0, 0)
+
+
+def _mask_arg(p: Problem, fallback: torch.Tensor) -> torch.Tensor:
+    if p.mask is None:
+        return fallback
+    # A bool tensor is passed as its bytes (same storage, same strides, no copy).
+    return p.mask.view(torch.uint8) if p.mask_kind == 1 else p.mask
+
+
+def _precision(dtype: torch.dtype, allow_tf32: bool) -> str:
+    return "tf32" if (dtype == torch.float32 and allow_tf32) else "ieee"
+
+
+def _common_consts(p: Problem, dtype: torch.dtype, allow_tf32: bool) -> dict:
+    return dict(DTYPE_KEY=DTYPE_NAMES[dtype], IS_CAUSAL=p.is_causal, HAS_LO=p.has_lo,
+                HAS_HI=p.has_hi, MASK_KIND=p.mask_kind,
+                PRECISION=_precision(dtype, allow_tf32), BLOCK_D=block_d(p.D))
+
+
+def _device_ctx(t: torch.Tensor):
+    return torch.cuda.device(t.device) if t.is_cuda else _NullCtx()
+
+
+class _NullCtx:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _stats_buffer(count: bool, n_programs: int, device) -> torch.Tensor | None:
+    return torch.zeros(2 * n_programs, dtype=torch.int32, device=device) if count else None
+
+
+def _forward(q, k, v, p: Problem, allow_tf32: bool, stats: list | None = None):
+    """FA2-order forward: returns (out, lse) with lse in base-2 units, shape (B, Hq, Nq)."""
+    out = torch.empty((p.B, p.Hq, p.Nq, p.D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((p.B, p.Hq, p.Nq), dtype=torch.float32, device=q.device)
+    mask = _mask_arg(p, q)
+    count = stats is not None
+    buf = None
+
+    def grid(meta):
+        return (triton.cdiv(p.Nq, meta["BLOCK_M"]), p.B * p.Hq)
+
+    if count:
+        # Enough slots for the smallest tile of any config (16 rows).
+        buf = _stats_buffer(True, triton.cdiv(p.Nq, 16) * p.B * p.Hq, q.device)
+    with _device_ctx(q):
+        _fwd_kernel[grid](
+            q, k, v, mask, out, lse, buf if count else lse,
+            *q.stride(), *k.stride(), *v.stride(), *_strides(p.mask), *out.stride(),
+            p.Hq, p.group, p.Nq, p.Nk, p.D, p.scale * LOG2E, p.lo_off, p.hi_off,
+            COUNT_TILES=count, **_common_consts(p, q.dtype, allow_tf32))
+    if count:
+        stats.append(("fwd", buf))
+    return out, lse
+
+
+def _backward(do, q, k, v, out, lse, p: Problem, deterministic: bool, allow_tf32: bool,
+              stats: list | None = None):
+    """FA2 backward: delta preprocess, dK/dV per K tile, dQ per Q tile (or atomic dQ)."""
+    dev = q.device
+    Dp = block_d(p.D)
+    delta = torch.empty((p.B, p.Hq, p.Nq), dtype=torch.float32, device=dev)
+    dk = torch.empty((p.B, p.Hkv, p.Nk, p.D), dtype=q.dtype, device=dev)
+    dv = torch.empty_like(dk)
+    if deterministic:
+        dq = torch.empty((p.B, p.Hq, p.Nq, p.D), dtype=q.dtype, device=dev)
+        dq_acc = dq
+    else:
+        dq_acc = torch.zeros((p.B, p.Hq, p.Nq, p.D), dtype=torch.float32, device=dev)
+    mask = _mask_arg(p, q)
+    count = stats is not None
+    consts = _common_consts(p, q.dtype, allow_tf32)
+    pre_block = 16 if INTERPRET else 64
+    with _device_ctx(q):
+        _bwd_preprocess[(triton.cdiv(p.Nq, pre_block), p.B * p.Hq)](
+            out, do, delta, *out.stride(), *do.stride(), p.Hq, p.Nq, p.D,
+            BLOCK_M=pre_block, BLOCK_D=Dp)
+        buf_kv = _stats_buffer(count, triton.cdiv(p.Nk, 16) * p.B * p.Hkv, dev)
+        _bwd_dkdv_kernel[lambda m: (triton.cdiv(p.Nk, m["BLOCK_N"]), p.B * p.Hkv)](
+            q, k, v, mask, do, lse, delta, dk, dv, dq_acc, buf_kv if count else lse,
+            *q.stride(), *k.stride(), *v.stride(), *_strides(p.mask), *do.stride(),
+            *dk.stride(), *dq_acc.stride(),
+            p.Hkv, p.group, p.Nq, p.Nk, p.D, p.scale * LOG2E, p.scale, p.lo_off, p.hi_off,
+            ATOMIC_DQ=not deterministic, COUNT_TILES=count, **consts)
+        if deterministic:
+            buf_q = _stats_buffer(count, triton.cdiv(p.Nq, 16) * p.B * p.Hq, dev)
+            _bwd_dq_kernel[lambda m: (triton.cdiv(p.Nq, m["BLOCK_M"]), p.B * p.Hq)](
+                q, k, v, mask, do, lse, delta, dq, buf_q if count else lse,
+                *q.stride(), *k.stride(), *v.stride(), *_strides(p.mask), *do.stride(),
+                *dq.stride(),
+                p.Hq, p.group, p.Nq, p.Nk, p.D, p.scale * LOG2E, p.scale, p.lo_off, p.hi_off,
+                COUNT_TILES=count, **consts)
+        else:
+            dq = dq_acc.to(q.dtype)
+    if count:
+        stats.append(("dkdv", buf_kv))
+        if deterministic:
+            stats.append(("dq", buf_q))
+    return dq, dk, dv
+
+
+class _Attention(torch.autograd.Function):
+    """Ties a forward launcher (FA2 or FA1 order) to the FA2 backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, problem, fwd, deterministic, allow_tf32):
+        out, lse = fwd(q, k, v, problem, allow_tf32)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.problem = problem
+        ctx.deterministic = deterministic
+        ctx.allow_tf32 = allow_tf32
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, do):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _backward(do, q, k, v, out, lse, ctx.problem, ctx.deterministic,
+                               ctx.allow_tf32)
+        return dq, dk, dv, None, None, None, None
+
+
+_attention_fn = _Attention.apply
+
+
+def _run(fwd, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
+         causal_alignment, deterministic, allow_tf32):
+    if deterministic not in (True, False):
+        raise ValueError(f"deterministic must be a bool, got {deterministic!r}")
+    if allow_tf32 not in (True, False):
+        raise ValueError(f"allow_tf32 must be a bool, got {allow_tf32!r}")
+    p = validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
+                 causal_alignment)
+    return _attention_fn(query, key, value, p, fwd, bool(deterministic), bool(allow_tf32))
+
+
+def capabilities(*, deterministic: bool = True, tf32: bool = False) -> dict:
+    """The contracts.md section 2 mapping for the entries of this package."""
+    return {
+        "dtypes": ("float16", "bfloat16", "float32"),
+        "head_dims": (1, _common.MAX_HEAD_DIM),
+        "masks": ("bool", "additive"),
+        "mask_broadcast": True,
+        "extensions": ("window", "causal_alignment"),
+        "gqa": True,
+        "backward": True,
+        "devices": ("cpu", "cuda") if INTERPRET else ("cuda",),
+        "not_run": {"cpu": {"bfloat16": BF16_INTERPRETER_REASON}} if INTERPRET else {},
+        "deterministic_backward": deterministic,
+        "tf32": tf32,
+    }
+
+
+def attention_ext(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                  scale=None, enable_gqa=False, *, window=None, causal_alignment="top_left",
+                  deterministic=True, allow_tf32=False):
+    """:func:`attention` plus two knobs that are not part of the SDPA signature.
+
+    - ``deterministic=False``: dQ is accumulated with fp32 atomics inside the dK/dV kernel
+      (one kernel fewer, faster; the summation order, hence the bits of dQ, may change from
+      run to run).
+    - ``allow_tf32=True``: fp32 inputs use TF32 dot products (roundoff 2^-11 instead of
+      2^-24); ignored for fp16/bf16.
+    """
+    return _run(_forward, query, key, value, attn_mask, dropout_p, is_causal, scale,
+                enable_gqa, window, causal_alignment, deterministic, allow_tf32)
+
+
+def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+              enable_gqa=False, *, window=None, causal_alignment="top_left"):
+    """FlashAttention-2 in Triton with PyTorch's SDPA signature (see docs/contracts.md).
+
+    ``query`` (B, Hq, Nq, D), ``key``/``value`` (B, Hkv, Nk, D) in fp16, bf16 or fp32, any
+    strides (no copy is made), 1 <= D <= 256. ``attn_mask`` bool or additive, broadcastable
+    to (B, Hq, Nq, Nk) (broadcast dims are read with stride 0). ``window=(left, right)``
+    (-1 = unbounded) and ``causal_alignment`` ("top_left" | "bottom_right") extend SDPA.
+    Fully masked rows give 0 and zero gradients. The backward is deterministic; fp32 uses
+    IEEE dot products. Outside this domain it raises ValueError/NotImplementedError.
+    """
+    return _run(_forward, query, key, value, attn_mask, dropout_p, is_causal, scale,
+                enable_gqa, window, causal_alignment, True, False)
+
+
+attention_atomic = functools.partial(attention_ext, deterministic=False)
+attention_atomic.__doc__ = "attention_ext with deterministic=False (atomic dQ accumulation)."
+attention_tf32 = functools.partial(attention_ext, allow_tf32=True)
+attention_tf32.__doc__ = "attention_ext with allow_tf32=True (TF32 dot products for fp32)."
+
+attention.capabilities = capabilities()
+attention_ext.capabilities = capabilities()
+attention_atomic.capabilities = capabilities(deterministic=False)
+attention_tf32.capabilities = capabilities(tf32=True)
+
+
+def debug_tile_counts(query, key, value, attn_mask=None, is_causal=False, scale=None,
+                      enable_gqa=False, *, window=None, causal_alignment="top_left",
+                      fwd=None) -> dict[str, torch.Tensor]:
+    """Run forward and backward and report, per program, how many tiles each visited.
+
+    Returns ``{"fwd"|"dq"|"dkdv": int32 tensor (programs, 2)}`` with columns (masked edge
+    tiles, unmasked full tiles); programs are numbered tile-fastest, then batch x head. Used
+    by the tests to show that tiles outside the causal/window band are skipped.
+    """
+    p = validate(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa, window,
+                 causal_alignment)
+    stats: list = []
+    out, lse = (fwd or _forward)(query, key, value, p, False, stats=stats)
+    do = torch.ones_like(out)
+    _backward(do, query, key, value, out, lse, p, True, False, stats=stats)
+    return {name: buf.view(-1, 2) for name, buf in stats}
