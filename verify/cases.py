@@ -201,7 +201,7 @@ def _causal_key(is_causal: bool, alignment: str, window) -> str:
     if is_causal:
         parts.append(alignment)
     if window is not None:
-        parts.append("window" if alignment == "top_left" else "window_br")
+        parts.append("window_br" if alignment == "bottom_right" and not is_causal else "window")
     return "+".join(parts) or "none"
 
 

@@ -1,0 +1,454 @@
+"""Hypothesis strategies for :class:`verify.cases.Case`, and the fixed default sweeps.
+
+The strategies draw knobs — shape, dtype, layout, causal/window structure, mask kind and
+parameters, distribution, seed — never tensor elements: the elements come from
+``Case.materialize`` and the seed. They shrink toward small shapes and plain problems:
+every shape knob is ``st.integers(lo, hi)`` (shrinks to ``lo``), every ``sampled_from``
+list starts with the plain choice (dtype as given, ``contiguous``, mask ``none``,
+distribution ``normal(1)``), every optional structure hides behind a boolean that shrinks
+to False, and mask densities shrink toward "everything may attend". Each drawn case is
+``note()``-d as its one-line summary and its JSON.
+
+Entry points:
+
+- :func:`cases` — the main strategy, with keyword-only bounds that raise ValueError naming
+  the argument when they are bad, and an optional kernel ``capabilities`` mapping
+  (docs/contracts.md §2) that keeps draws inside what the kernel declares.
+- :func:`restrict` — the feature set a kernel's capabilities allow.
+- :func:`features_of` — the features a given case exercises (coverage accounting).
+- :func:`fixed_sweep` — the deterministic default sweep for ``flashcheck run``/``gate``.
+
+Caveat: capabilities a kernel leaves out (e.g. no ``masks`` key) mean "probe", so they do
+not restrict the draw; pass the probed capabilities from ``verify.adapters`` to restrict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from hypothesis import note
+from hypothesis import strategies as st
+
+from verify.cases import DTYPES, LAYOUTS, MASK_SHAPES, MAX_HEAD_DIM, SEED_LIMIT, Case
+from verify.distributions import DIST_KINDS, GRAD_DIST_KINDS
+
+__all__ = [
+    "ALL_FEATURES", "OPT_IN_FEATURES", "ALL_LAYOUTS", "ALL_DISTS", "ALL_GRAD_DISTS",
+    "DEFAULT_EXTRA_HEAD_DIMS", "MAX_N", "cases", "restrict", "features_of", "fixed_sweep",
+    "SWEEP_PROFILES",
+]
+
+ALL_FEATURES = frozenset({
+    "causal", "bottom_right", "window", "key_padding", "random_mask", "block_sparse", "bias",
+    "neginf_first_tile", "dead_rows", "gqa", "custom_scale", "mask_broadcast", "uneven_n",
+})
+# Drawn only when asked for: TF32 changes the bound, not the problem, and means nothing
+# off a GPU.
+OPT_IN_FEATURES = frozenset({"tf32"})
+ALL_LAYOUTS = LAYOUTS
+ALL_DISTS = DIST_KINDS  # "normal" first
+ALL_GRAD_DISTS = GRAD_DIST_KINDS  # "normal" first
+DEFAULT_EXTRA_HEAD_DIMS = (40, 72, 80, 96, 111, 128)
+# The references materialise (Nq, Nk) score matrices in fp64; 65536² × 8 bytes is 32 GiB
+# per head, past any single device we run on, so longer sequences are refused up front.
+MAX_N = 1 << 16
+
+# Mask kinds and the feature that enables each; "none" first so masks shrink away.
+_MASK_FEATURE = {
+    "key_padding": "key_padding",
+    "random": "random_mask",
+    "block_sparse": "block_sparse",
+    "bias": "bias",
+    "dead_rows": "dead_rows",
+}
+_BOOL_MASK_FEATURES = frozenset({"key_padding", "random_mask", "block_sparse", "dead_rows"})
+_ADDITIVE_MASK_FEATURES = frozenset({"bias", "neginf_first_tile"})
+_TILES = (16, 32, 64, 128)  # key-tile sizes our kernels and FA2/FA3 use
+
+
+def _cap(capabilities, key: str):
+    """``capabilities[key]`` for a mapping or an object with attributes; None when absent."""
+    if capabilities is None:
+        return None
+    if isinstance(capabilities, Mapping):
+        return capabilities.get(key)
+    return getattr(capabilities, key, None)
+
+
+def restrict(features: Iterable[str], capabilities) -> frozenset[str]:
+    """The subset of ``features`` a kernel with ``capabilities`` can be given.
+
+    - no ``"bool"`` in ``masks``: no key_padding / random_mask / block_sparse / dead_rows;
+    - no ``"additive"`` in ``masks``: no bias / neginf_first_tile;
+    - ``window`` needs the ``"window"`` extension or some mask kind (the harness then
+      expresses the window through ``attn_mask``); ``bottom_right`` likewise needs the
+      ``"causal_alignment"`` extension or a mask kind;
+    - ``mask_broadcast`` False, ``gqa`` False remove those features.
+
+    A key that is absent means "probe" and removes nothing (``extensions`` defaults to ()).
+    """
+    out = set(_check_features(features))
+    if capabilities is None:
+        return frozenset(out)
+    masks = _cap(capabilities, "masks")
+    extensions = tuple(_cap(capabilities, "extensions") or ())
+    if masks is not None:
+        masks = tuple(masks)
+        if "bool" not in masks:
+            out -= _BOOL_MASK_FEATURES
+        if "additive" not in masks:
+            out -= _ADDITIVE_MASK_FEATURES
+    any_mask = masks is None or bool(masks)
+    if "window" not in extensions and not any_mask:
+        out.discard("window")
+    if "causal_alignment" not in extensions and not any_mask:
+        out.discard("bottom_right")
+    if _cap(capabilities, "mask_broadcast") is False:
+        out.discard("mask_broadcast")
+    if _cap(capabilities, "gqa") is False:
+        out.discard("gqa")
+    if "bias" not in out:
+        out.discard("neginf_first_tile")
+    return frozenset(out)
+
+
+def _check_features(features) -> frozenset[str]:
+    if isinstance(features, str) or not isinstance(features, Iterable):
+        allowed = sorted(ALL_FEATURES | OPT_IN_FEATURES)
+        raise ValueError(f"features must be a set of names from {allowed}, got {features!r}")
+    features = frozenset(features)
+    unknown = sorted(features - ALL_FEATURES - OPT_IN_FEATURES)
+    if unknown:
+        raise ValueError(f"features: unknown {unknown}; allowed: "
+                         f"{sorted(ALL_FEATURES | OPT_IN_FEATURES)}")
+    return features
+
+
+def _check_int(name: str, v, lo: int, hi: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise ValueError(f"{name} must be an int in [{lo}, {hi}], got {v!r}")
+    return v
+
+
+def _check_choice(name: str, values, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    if isinstance(values, str) or not isinstance(values, Iterable):
+        raise ValueError(f"{name} must be a non-empty collection from {list(allowed)}, "
+                         f"got {values!r}")
+    values = tuple(values)
+    bad = [v for v in values if v not in allowed]
+    if bad or not values:
+        raise ValueError(f"{name} must be a non-empty collection from {list(allowed)}, "
+                         f"got {list(values)!r}")
+    return tuple(dict.fromkeys(values))  # dedupe, keep the caller's order
+
+
+def _head_dim_strategy(head_dims, cap_range) -> st.SearchStrategy[int]:
+    lo, hi = 1, MAX_HEAD_DIM
+    if cap_range is not None:
+        try:
+            lo, hi = max(lo, int(cap_range[0])), min(hi, int(cap_range[1]))
+        except (TypeError, IndexError, ValueError):
+            raise ValueError(f"capabilities['head_dims'] must be (lo, hi), got {cap_range!r}") \
+                from None
+    if head_dims is None:
+        parts = []
+        if lo <= min(hi, 16):
+            parts.append(st.integers(lo, min(hi, 16)))  # small-biased: this branch shrinks first
+        if lo <= min(hi, 64):
+            parts.append(st.integers(lo, min(hi, 64)))
+        extras = [d for d in DEFAULT_EXTRA_HEAD_DIMS if lo <= d <= hi]
+        if extras:
+            parts.append(st.sampled_from(extras))
+        if not parts:
+            parts.append(st.integers(lo, hi))
+        if lo > hi:
+            raise ValueError(f"capabilities['head_dims'] {cap_range!r} leaves no head dim in "
+                             f"[1, {MAX_HEAD_DIM}]")
+        return st.one_of(*parts)
+    if isinstance(head_dims, (str, bytes)) or not isinstance(head_dims, Iterable):
+        raise ValueError(f"head_dims must be None or a collection of ints in [1, {MAX_HEAD_DIM}],"
+                         f" got {head_dims!r}")
+    dims = sorted({_check_int("head_dims[]", d, 1, MAX_HEAD_DIM) for d in head_dims})
+    allowed = [d for d in dims if lo <= d <= hi]
+    if not allowed:
+        raise ValueError(f"head_dims {dims} has none inside capabilities['head_dims'] "
+                         f"= ({lo}, {hi})")
+    return st.sampled_from(allowed)
+
+
+def _fraction(shrink_to_one: bool) -> st.SearchStrategy[float]:
+    """A float in [0, 1] rounded to 4 decimals; shrinks to 1.0 or to 0.0."""
+    base = st.floats(0.0, 1.0, allow_nan=False)
+    if shrink_to_one:
+        return base.map(lambda x: round(1.0 - x, 4))
+    return base.map(lambda x: round(x, 4))
+
+
+_DIST_PARAMS = {
+    "normal": st.fixed_dictionaries({"sigma": st.sampled_from([1.0, 0.1, 3.0, 30.0])}),
+    "uniform": st.fixed_dictionaries({"a": st.sampled_from([1.0, 0.5, 4.0])}),
+    "outliers": st.fixed_dictionaries({"p": st.sampled_from([0.001, 0.01])}),
+    "large_logits": st.fixed_dictionaries({"target": st.sampled_from([1e4, 1e3, 5e4])}),
+    "tiny": st.fixed_dictionaries({"factor": st.sampled_from([1.0, 0.01, 10.0])}),
+    "ties": st.fixed_dictionaries({"groups": st.integers(1, 4)}),
+    "dominant": st.fixed_dictionaries({"margin": st.sampled_from([20.0, 10.0, 50.0])}),
+    "constant_rows": st.just({}),
+}
+_GRAD_PARAMS = {
+    "normal": st.fixed_dictionaries({"sigma": st.sampled_from([1.0, 1e-3, 1e2])}),
+    "uniform": st.fixed_dictionaries({"a": st.sampled_from([1.0, 0.5])}),
+    "outliers": st.just({}),
+    "tiny": st.fixed_dictionaries({"factor": st.sampled_from([1.0, 0.01])}),
+    "constant": st.fixed_dictionaries({"value": st.sampled_from([1.0, -0.5])}),
+}
+
+
+def _dist(kinds: tuple[str, ...], params: dict) -> st.SearchStrategy[dict]:
+    return st.sampled_from(kinds).flatmap(
+        lambda k: params[k].map(lambda p, k=k: {"kind": k, **p})
+    )
+
+
+@st.composite
+def _draw_case(draw, *, dtypes, max_n, head_dim, max_batch, max_heads, features, backward,
+               layouts, dists, grad_dists) -> Case:
+    f = features
+    dtype = draw(st.sampled_from(dtypes))
+    D = draw(head_dim)
+    B = draw(st.integers(1, max_batch))
+    Hq = draw(st.integers(1, max_heads))
+    Hkv = Hq
+    if "gqa" in f and Hq > 1 and draw(st.booleans()):
+        # Proper divisors, largest first: shrinks toward the mildest grouping; 1 is MQA.
+        Hkv = draw(st.sampled_from([d for d in range(Hq - 1, 0, -1) if Hq % d == 0]))
+    Nq = draw(st.integers(1, max_n))
+    Nk = draw(st.integers(1, max_n)) if "uneven_n" in f and draw(st.booleans()) else Nq
+    layout = draw(st.sampled_from(layouts))
+    is_causal = "causal" in f and draw(st.booleans())
+    window = None
+    if "window" in f and draw(st.booleans()):
+        window = (draw(st.integers(-1, max_n)), draw(st.integers(-1, max_n)))
+    alignment = "top_left"
+    if (is_causal or window is not None) and "bottom_right" in f and draw(st.booleans()):
+        alignment = "bottom_right"
+
+    kinds = ["none"] + [k for k, feat in _MASK_FEATURE.items() if feat in f]
+    kind = draw(st.sampled_from(kinds))
+    mask: dict = {"kind": kind}
+    if kind != "none":
+        need = {"key_padding": "bk", "block_sparse": "qk", "dead_rows": "qk"}.get(kind, "k")
+        shapes = [s for s in MASK_SHAPES if all(c in s for c in need)]  # "bhqk" first
+        if "mask_broadcast" in f and draw(st.booleans()):
+            mask["shape"] = draw(st.sampled_from(shapes))
+        else:
+            mask["shape"] = "bhqk"
+    if kind == "key_padding":
+        # Lengths shrink toward Nk (no padding); 0 masks the whole batch.
+        mask["lengths"] = draw(st.lists(st.integers(0, Nk).map(lambda x: Nk - x),
+                                        min_size=B, max_size=B))
+    elif kind == "random":
+        mask["density"] = draw(_fraction(shrink_to_one=True))
+    elif kind == "block_sparse":
+        mask["block"] = draw(st.sampled_from(_TILES))
+        mask["density"] = draw(_fraction(shrink_to_one=True))
+    elif kind == "bias":
+        mask["neginf_prob"] = draw(_fraction(shrink_to_one=False))
+        mask["neginf_first_tile"] = "neginf_first_tile" in f and draw(st.booleans())
+        mask["tile"] = draw(st.sampled_from(_TILES))
+    elif kind == "dead_rows":
+        mask["rows"] = draw(_fraction(shrink_to_one=False))
+
+    scale = None
+    if "custom_scale" in f and draw(st.booleans()):
+        scale = draw(st.one_of(st.sampled_from([0.5, 1.0, 2.0, 0.01]),
+                               st.floats(0.01, 4.0).map(lambda x: round(x, 4))))
+    dist = draw(_dist(dists, _DIST_PARAMS))
+    grad_dist = draw(_dist(grad_dists, _GRAD_PARAMS)) if backward else {"kind": "normal"}
+    tf32 = dtype == "float32" and "tf32" in f and draw(st.booleans())
+    seed = draw(st.integers(0, SEED_LIMIT - 1))
+    case = Case(B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, D=D, dtype=dtype, layout=layout,
+                is_causal=is_causal, causal_alignment=alignment, window=window, mask=mask,
+                scale=scale, dist=dist, grad_dist=grad_dist, backward=backward, seed=seed,
+                tf32=tf32)
+    note(f"case: {case.short()}")
+    note(f"case json: {case.to_json()}")
+    return case
+
+
+def cases(
+    *,
+    dtypes: Iterable[str] = ("float16", "float32"),
+    max_n: int = 128,
+    head_dims: Iterable[int] | None = None,
+    max_batch: int = 2,
+    max_heads: int = 4,
+    features: Iterable[str] = ALL_FEATURES,
+    backward: bool = True,
+    layouts: Iterable[str] = ALL_LAYOUTS,
+    distributions: Iterable[str] = ALL_DISTS,
+    grad_distributions: Iterable[str] = ALL_GRAD_DISTS,
+    capabilities=None,
+) -> st.SearchStrategy[Case]:
+    """Strategy for :class:`Case` within the given bounds.
+
+    - ``dtypes``: names from ``float16, bfloat16, float32``; the first is the one shrunk to.
+    - ``max_n``: Nq and Nk are drawn in [1, max_n] (max_n <= ``MAX_N``).
+    - ``head_dims``: explicit collection of head dims, or None for the default mix: 1..64
+      biased small, plus 40, 72, 80, 96, 111, 128.
+    - ``max_batch``, ``max_heads``: B in [1, max_batch], Hq in [1, max_heads].
+    - ``features``: what may be drawn (``ALL_FEATURES``, plus opt-in ``"tf32"``).
+    - ``backward``: the cases ask for gradient checks (and draw a dO distribution).
+    - ``layouts``, ``distributions``, ``grad_distributions``: allowed kinds.
+    - ``capabilities``: a kernel's capability mapping (or object); draws stay inside its
+      dtypes, head dims, mask kinds, extensions, GQA and backward (see :func:`restrict`).
+
+    Raises ValueError naming the argument on bad bounds, including bounds that the
+    capabilities leave empty.
+    """
+    dtypes = _check_choice("dtypes", dtypes, tuple(DTYPES))
+    max_n = _check_int("max_n", max_n, 1, MAX_N)
+    max_batch = _check_int("max_batch", max_batch, 1, 1024)
+    max_heads = _check_int("max_heads", max_heads, 1, 1024)
+    if not isinstance(backward, bool):
+        raise ValueError(f"backward must be True or False, got {backward!r}")
+    layouts = _check_choice("layouts", layouts, LAYOUTS)
+    dists = _check_choice("distributions", distributions, DIST_KINDS)
+    grad_dists = _check_choice("grad_distributions", grad_distributions, GRAD_DIST_KINDS)
+    features = restrict(features, capabilities)
+    cap_dtypes = _cap(capabilities, "dtypes")
+    if cap_dtypes is not None:
+        dtypes = tuple(d for d in dtypes if d in tuple(cap_dtypes))
+        if not dtypes:
+            raise ValueError(f"dtypes: none of the requested dtypes is in capabilities['dtypes']"
+                             f" = {list(cap_dtypes)}")
+    if _cap(capabilities, "backward") is False:
+        backward = False
+    head_dim = _head_dim_strategy(head_dims, _cap(capabilities, "head_dims"))
+    # Plain first, so a failing case shrinks toward it; the caller's order otherwise.
+    dists = tuple(sorted(dists, key=lambda k: k != "normal"))
+    grad_dists = tuple(sorted(grad_dists, key=lambda k: k != "normal"))
+    return _draw_case(dtypes=dtypes, max_n=max_n, head_dim=head_dim, max_batch=max_batch,
+                      max_heads=max_heads, features=features, backward=backward,
+                      layouts=layouts, dists=dists, grad_dists=grad_dists)
+
+
+def features_of(case: Case) -> frozenset[str]:
+    """The entries of ``ALL_FEATURES | OPT_IN_FEATURES`` that ``case`` exercises."""
+    out = set()
+    if case.is_causal:
+        out.add("causal")
+    if case.window is not None:
+        out.add("window")
+    if case.causal_alignment == "bottom_right" and (case.is_causal or case.window is not None):
+        out.add("bottom_right")
+    kind = case.mask["kind"]
+    if kind != "none":
+        out.add(_MASK_FEATURE[kind])
+        if case.mask["shape"] != "bhqk":
+            out.add("mask_broadcast")
+        if kind == "bias" and case.mask["neginf_first_tile"]:
+            out.add("neginf_first_tile")
+    if case.Hq != case.Hkv:
+        out.add("gqa")
+    if case.scale is not None:
+        out.add("custom_scale")
+    if case.Nq != case.Nk:
+        out.add("uneven_n")
+    if case.tf32:
+        out.add("tf32")
+    return frozenset(out)
+
+
+# ----------------------------------------------------------------------------------------
+# Fixed sweeps
+
+
+def _themes(N: int, D: int, Hq: int) -> list[tuple[str, dict]]:
+    """Structural themes of the sweep at size (N, D) with Hq query heads (B = 2)."""
+    half = N // 2 + 1
+    tile = 16 if N < 256 else 128  # covers kernels tiling keys by 16 (CPU) or 64/128 (GPU)
+    return [
+        ("plain", {}),
+        ("decode", {"Nq": 1, "is_causal": True, "causal_alignment": "bottom_right"}),
+        ("uneven", {"Nk": half + 6}),
+        ("causal", {"is_causal": True}),
+        ("causal_br", {"Nq": half, "is_causal": True, "causal_alignment": "bottom_right"}),
+        # Nq > Nk with bottom-right alignment: the first Nq - Nk query rows see no key.
+        ("causal_br_tall", {"Nk": N // 3 + 1, "is_causal": True,
+                            "causal_alignment": "bottom_right"}),
+        ("window", {"window": (max(1, N // 8), 0)}),
+        ("window_causal_br", {"Nq": half + 2, "window": (16, 16), "is_causal": True,
+                              "causal_alignment": "bottom_right"}),
+        ("key_padding", {"Nk": half + 4, "mask": {"kind": "key_padding", "shape": "bk",
+                                                  "lengths": [0, half // 2 + 1]}}),
+        ("key_padding_full", {"mask": {"kind": "key_padding", "lengths": [N, 1]}}),
+        ("random", {"mask": {"kind": "random", "density": 0.3}}),
+        ("random_sparse_bcast", {"mask": {"kind": "random", "shape": "qk", "density": 0.05}}),
+        ("random_dense_bcast", {"is_causal": True,
+                                "mask": {"kind": "random", "shape": "bk", "density": 0.9}}),
+        ("block_sparse", {"mask": {"kind": "block_sparse", "block": 16, "density": 0.5}}),
+        ("block_sparse_causal", {"is_causal": True, "mask": {"kind": "block_sparse",
+                                                             "block": 64, "density": 0.3}}),
+        ("bias", {"mask": {"kind": "bias", "neginf_prob": 0.1}}),
+        ("bias_first_tile", {"mask": {"kind": "bias", "shape": "bqk", "neginf_prob": 0.02,
+                                      "neginf_first_tile": True, "tile": tile}}),
+        ("dead_rows", {"mask": {"kind": "dead_rows", "rows": 0.25}}),
+        ("gqa", {"Hkv": Hq // 2, "is_causal": True}),
+        ("mqa", {"Hkv": 1, "window": (max(1, N // 4), max(1, N // 4))}),
+        ("scale", {"scale": 0.3}),
+    ]
+
+
+def _sweep_dist(kind: str, i: int) -> dict:
+    if kind == "ties":
+        return {"kind": "ties", "groups": 1 if i % 2 == 0 else 4}
+    return {"kind": kind}
+
+
+# (N, D) per theme, cycled. CPU: small enough for the Triton interpreter (fwd + bwd of all
+# cases in a few minutes on 2 cores) yet covering N = 1, odd N and D, N > 128, D = 256.
+_CPU_SIZES = ((33, 40), (64, 64), (17, 24), (48, 72), (1, 8), (100, 111), (24, 256),
+              (130, 32))
+_GPU_SIZES = ((16, 32), (127, 64), (1023, 96), (2048, 128), (333, 256))
+SWEEP_PROFILES = ("cpu", "gpu")
+
+
+def fixed_sweep(profile: str) -> list[Case]:
+    """The deterministic default sweep for ``flashcheck run`` and ``gate``.
+
+    Every theme (no mask, causal top-left/bottom-right, decode, windows, key padding with a
+    zero-length batch, random masks sparse and dense and broadcast, block-sparse, bias with
+    −inf entries and a −inf first tile, dead rows, GQA, MQA, custom scale, Nq ≠ Nk) is
+    crossed with every dtype (bf16 included: the harness reports it "not run" where a
+    kernel cannot run it). Distributions, dO distributions and layouts rotate with the case
+    index so that each one meets every dtype.
+
+    - ``"cpu"``: 21 themes × 3 dtypes = 63 small cases (B = 2, Hq = 2 or 4, N <= 130).
+    - ``"gpu"``: 21 themes × 3 dtypes × 5 sizes = 315 cases, N up to 2048, D up to 256;
+      fp32 cases of every seventh theme ask for TF32.
+    """
+    if profile not in SWEEP_PROFILES:
+        raise ValueError(f"profile must be one of {list(SWEEP_PROFILES)}, got {profile!r}")
+    dtypes = tuple(DTYPES)
+    out: list[Case] = []
+    sizes = _CPU_SIZES if profile == "cpu" else _GPU_SIZES
+    n_themes = len(_themes(8, 8, 4))
+    plan = []
+    for t in range(n_themes):
+        size_list = [sizes[t % len(sizes)]] if profile == "cpu" else list(sizes)
+        for N, D in size_list:
+            for dtype in dtypes:
+                plan.append((t, N, D, dtype))
+    for i, (t, N, D, dtype) in enumerate(plan):
+        Hq = 4 if profile == "gpu" or t >= n_themes - 3 else 2
+        name, overrides = _themes(N, D, Hq)[t]
+        kw = {"B": 2, "Hq": Hq, "Hkv": Hq, "Nq": N, "Nk": N, "D": D, "dtype": dtype,
+              "layout": LAYOUTS[(t + i) % len(LAYOUTS)],
+              "dist": _sweep_dist(DIST_KINDS[i % len(DIST_KINDS)], i),
+              "grad_dist": {"kind": GRAD_DIST_KINDS[i % len(GRAD_DIST_KINDS)]},
+              "seed": (0 if profile == "cpu" else 100_000) + i}
+        kw.update(overrides)
+        if profile == "gpu" and dtype == "float32" and t % 7 == 0:
+            kw["tf32"] = True
+        out.append(Case(**kw))
+    return out
