@@ -1,9 +1,10 @@
 """A small correct Triton flash-attention forward with constexpr switches for planted bugs.
 
 `TritonForward` launches `_fwd_kernel`: FA2 forward, one program per (query tile, batch*head),
-BLOCK_M = BLOCK_N = 16, fp32 accumulation, P rounded to the input dtype before P@V, the
-causal/window rules computed from indices in the kernel and `attn_mask` read as an fp32
-bias through its (possibly zero, i.e. broadcast) strides. It is the base for the bugs that
+BLOCK_M = BLOCK_N = `block` (16 unless a subclass says otherwise), fp32 accumulation, P
+rounded to the input dtype before P@V, the causal/window rules computed from indices in the
+kernel, and `attn_mask` read as an fp32 bias through its (possibly zero, i.e. broadcast)
+strides. It is the base for the bugs that
 live in Triton code rather than in the algorithm; each is a `tl.constexpr` switch that a
 mutant flips by setting one class attribute:
 
@@ -28,7 +29,7 @@ import triton.language as tl
 
 from verify.mutants._common import additive_bias, check_args, full_capabilities
 
-BLOCK = 16  # tl.dot needs every block dimension >= 16
+BLOCK = 16  # the default tile; tl.dot needs every block dimension >= 16
 INTERPRETED = None  # set below, once the kernel is defined
 
 
@@ -113,6 +114,7 @@ class _NoBackward(torch.autograd.Function):
 class TritonForward:
     """Correct Triton FA2 forward; subclasses flip one bug switch."""
 
+    block = BLOCK  # BLOCK_M = BLOCK_N; a power of two >= 16
     mask_tail = True
     contiguous_strides = False
     mask_batch0 = False
@@ -143,12 +145,12 @@ class TritonForward:
         out = torch.empty((p.B, p.Hq, p.Nq, p.D), dtype=query.dtype, device=query.device)
         bias_arg = bias if bias is not None else out
         bias_strides = bias.stride() if bias is not None else (0, 0, 0, 0)
-        grid = (triton.cdiv(p.Nq, BLOCK), p.B * p.Hq)
+        grid = (triton.cdiv(p.Nq, self.block), p.B * p.Hq)
         _fwd_kernel[grid](
             query, key, value, bias_arg, out,
             *query.stride(), *key.stride(), *value.stride(), *bias_strides, *out.stride(),
             p.Hq, p.Hq // p.Hkv, p.Nq, p.Nk, p.D, p.scale, off, left, right,
-            HAS_BIAS=bias is not None, BLOCK_M=BLOCK, BLOCK_N=BLOCK,
+            HAS_BIAS=bias is not None, BLOCK_M=self.block, BLOCK_N=self.block,
             BLOCK_D=max(BLOCK, triton.next_power_of_2(p.D)), MASK_TAIL=self.mask_tail,
             CONTIGUOUS_STRIDES=self.contiguous_strides, MASK_BATCH0=self.mask_batch0,
         )

@@ -1,0 +1,41 @@
+"""The control catalogue: correct-but-different kernels the harness must pass.
+
+The other half of the self-test (verify/selftest.py): a harness that kills every mutant but
+also fails correct kernels is useless. Each control computes the right answer by a different
+route: other tile sizes, FlashAttention-1's update order, fp32 throughout (more accurate than
+the baseline), the blocked PyTorch base of the mutants, the Triton base of the Triton mutants,
+and the references themselves (`reference`: float64 rounded to the input dtype; `online`: the
+emulated flash model). Each entry is a kernel spec for `verify.adapters.resolve_kernel`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Control:
+    """One correct kernel: a module of this package, or a built-in spec name."""
+
+    name: str
+    what: str  # one line: how it differs from the baseline
+    builtin: bool = False
+
+    @property
+    def spec(self) -> str:
+        return self.name if self.builtin else f"{_HERE / self.name}.py:attention"
+
+
+CONTROLS: tuple[Control, ...] = (
+    Control("blocked_fa2", "blocked PyTorch FA2, fp32 accumulation, tiles of 16 (mutant base)"),
+    Control("blocked_tile64", "blocked PyTorch FA2 with tiles of 64"),
+    Control("fa1_order", "FA1 update order: normalised accumulator, no final division"),
+    Control("fp32_throughout", "P and dS kept in fp32 (more accurate than the baseline)"),
+    Control("triton_fwd", "Triton forward, tiles of 16 (Triton mutant base)"),
+    Control("triton_tile32", "Triton forward, tiles of 32"),
+    Control("reference", "float64 oracle rounded to the input dtype", builtin=True),
+    Control("online", "emulated flash model (reference.online_attention)", builtin=True),
+)
