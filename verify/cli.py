@@ -1,15 +1,343 @@
-"""The ``flashcheck`` command line (placeholder until the harness lands)."""
+"""The ``flashcheck`` command line (also ``python -m verify``).
+
+Subcommands: ``run`` (default sweep + report), ``fuzz`` (Hypothesis campaign), ``repro``
+(replay one case; ``git bisect run`` friendly), ``gate`` (CI gate against committed error
+budgets), ``compare`` (cross-kernel table from report.json files), ``bench`` and ``mutants``
+(delegated to ``kernels.bench`` and ``verify.selftest``).
+
+Exit codes: 0 all within bounds; 1 a numerical (or other verdict) failure was found; 2 usage or
+environment error, reported as one line on stderr without a traceback. ``repro`` also exits
+125 when the case cannot run with that kernel on that device (the kernel declares it outside
+its domain there): ``git bisect run`` reads 125 as "skip this commit", where 2 would mark the
+commit bad.
+
+Why the CLI sets ``TRITON_INTERPRET=1`` itself for ``--device cpu``: Triton reads that
+variable when ``@triton.jit`` decorates a function, that is, when a kernel module is imported,
+and bakes the choice (compile for a GPU, or interpret on the CPU) into the function object. So
+it must be in the environment before anything imports a kernel; setting it later has no effect
+on kernels already imported. Every import of the harness that can reach a kernel is therefore
+done inside the command functions, after the device is settled.
+"""
 
 from __future__ import annotations
 
+import argparse
+import math
+import os
 import sys
+from pathlib import Path
+from typing import NoReturn
 
 from verify import __version__
 
+DEFAULT_OUT = "flashcheck-out"
+DEFAULT_KERNEL = "triton"
+
+
+class UsageError(Exception):
+    """Bad command-line input or environment: one line on stderr, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit 2), instead of usage text plus the message."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+# ------------------------------------------------------------------------------- arg types
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {v}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}") from None
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return v
+
+
+def _seed(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**32), got {text!r}") \
+            from None
+    if not 0 <= v < 2**32:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**32), got {v}")
+    return v
+
+
+def _window(text: str) -> tuple[int, int]:
+    try:
+        left, right = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be LEFT,RIGHT with ints >= -1 (-1: unbounded), got {text!r}") from None
+    if left < -1 or right < -1:
+        raise argparse.ArgumentTypeError(f"must be LEFT,RIGHT with ints >= -1, got {text!r}")
+    return left, right
+
+
+# ------------------------------------------------------------------------------- device
+
+
+def settle_device(requested: str | None) -> str:
+    """The device to use; sets TRITON_INTERPRET=1 for the CPU (see the module docstring)."""
+    import torch
+
+    if requested is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    else:
+        device = requested
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is available here "
+                         "(torch.cuda.is_available() is False); use --device cpu")
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+    return device
+
+
+def _resolve(spec: str, device: str):
+    from verify.adapters import resolve_kernel
+
+    return resolve_kernel(spec, device)
+
+
+# ------------------------------------------------------------------------------- commands
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from verify import report as R
+
+    device = settle_device(args.device)
+    profile = args.profile or ("gpu" if device == "cuda" else "cpu")
+    kernel = _resolve(args.kernel, device)
+    from verify.strategies import fixed_sweep
+    from verify.sweep import run_cases
+
+    out = Path(args.out)
+    sweep = fixed_sweep(profile)
+    records = run_cases(kernel, sweep, device, kernel_spec=args.kernel,
+                        failures_dir=out / "failures", what=f"run[{profile}]",
+                        quiet=args.quiet)
+    header = R.make_header(kernel=args.kernel, device=device, profile=profile)
+    rep = R.build_report(records, header=header)
+    paths = R.write_report(rep, out)
+    print(R.render_terminal_table(rep))
+    print("report: " + ", ".join(str(p) for p in paths.values()))
+    for f in rep["failures"][:10]:
+        print(f"FAIL {f['summary']}\n  replay: {f['replay']}")
+    if len(rep["failures"]) > 10:
+        print(f"... and {len(rep['failures']) - 10} more failures in {out / 'failures'}")
+    return 1 if rep["summary"]["fail"] else 0
+
+
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    device = settle_device(args.device)
+    kernel = _resolve(args.kernel, device)
+    from verify.fuzz import Campaign
+
+    campaign = Campaign(kernel, kernel_spec=args.kernel, device=device, out=Path(args.out),
+                        examples=args.examples, minutes=args.minutes, seed=args.seed,
+                        keep_going=args.keep_going, dtypes=args.dtypes, max_n=args.max_n,
+                        quiet=args.quiet)
+    return campaign.run()
+
+
+def cmd_repro(args: argparse.Namespace) -> int:
+    from verify.repro import load_target, replay
+
+    if (args.case is None) == (args.tensors is None):
+        raise UsageError("repro: give exactly one of CASE.json or --tensors FILE")
+    target = load_target(case_path=args.case, tensors_path=args.tensors,
+                         is_causal=args.is_causal, scale=args.scale, window=args.window,
+                         causal_alignment=args.causal_alignment,
+                         backward=not args.forward_only)
+    device = settle_device(args.device or target.device_hint)
+    spec = args.kernel or target.kernel_spec or DEFAULT_KERNEL
+    kernel = _resolve(spec, device)
+    return replay(kernel, target, device=device, kernel_spec=spec)
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    from verify import gate
+
+    device = settle_device(args.device)
+    profile = "gpu" if device == "cuda" else "cpu"
+    budgets = Path(args.budgets) if args.budgets else gate.default_budgets_path(args.kernel,
+                                                                                profile)
+    if not args.update and not budgets.exists():
+        raise UsageError(f"--budgets {budgets}: no such file; create it with "
+                         f"'flashcheck gate --update --kernel {args.kernel}'")
+    corpus = Path(args.corpus) if args.corpus else gate.default_corpus()
+    kernel = _resolve(args.kernel, device)
+    return gate.run_gate(kernel, kernel_spec=args.kernel, device=device, profile=profile,
+                         budgets_path=budgets, corpus=corpus, update=args.update,
+                         out=Path(args.out), quiet=args.quiet)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from verify.report import compare_reports
+
+    table = compare_reports(args.reports)
+    if args.out:
+        Path(args.out).write_text(table)
+        print(f"wrote {args.out}")
+    else:
+        print(table, end="")
+    return 0
+
+
+def _delegate(name: str, argv: list[str]) -> int:
+    """``bench`` and ``mutants``: settle the device from their own --device, then hand over."""
+    device = None
+    for i, a in enumerate(argv):
+        if a == "--device" and i + 1 < len(argv):
+            device = argv[i + 1]
+        elif a.startswith("--device="):
+            device = a.split("=", 1)[1]
+    if device not in (None, "cpu", "cuda"):
+        raise UsageError(f"--device must be cpu or cuda, got {device!r}")
+    if "-h" not in argv and "--help" not in argv:
+        settle_device(device)
+    if name == "bench":
+        from kernels.bench import main as bench_main
+
+        return bench_main(argv)
+    from verify.selftest import main as selftest_main
+
+    return selftest_main(argv)
+
+
+# ------------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="flashcheck",
+                description="Correctness and numerical verification of flash-attention kernels.")
+    p.add_argument("--version", action="version", version=f"flashcheck {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    def common(sp: argparse.ArgumentParser, *, kernel_default: str | None = DEFAULT_KERNEL,
+               kernel_required: bool = False) -> None:
+        sp.add_argument("--kernel", default=kernel_default, required=kernel_required,
+                        metavar="SPEC",
+                        help="built-in name, MODULE:ATTR or path/to/file.py:ATTR "
+                             f"(default: {kernel_default})")
+        sp.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                        help="default: cuda if available, else cpu (Triton interpreter)")
+
+    def quiet(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--quiet", "-q", action="store_true", help="no progress output")
+
+    sp = sub.add_parser("run", help="the default sweep plus the per-configuration report")
+    common(sp)
+    sp.add_argument("--profile", choices=("cpu", "gpu"), default=None,
+                    help="sweep profile (default: by device)")
+    sp.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
+                    help=f"report directory (default: {DEFAULT_OUT})")
+    quiet(sp)
+    sp.set_defaults(func=cmd_run)
+
+    sp = sub.add_parser("fuzz", help="a Hypothesis campaign that climbs toward worst cases")
+    common(sp, kernel_default=None, kernel_required=True)
+    box = sp.add_mutually_exclusive_group()
+    box.add_argument("--examples", type=_positive_int, default=None, metavar="N",
+                     help="stop after N examples (default: 200 unless --minutes is given)")
+    box.add_argument("--minutes", type=_positive_float, default=None, metavar="M",
+                     help="stop after M minutes of wall time")
+    sp.add_argument("--seed", type=_seed, default=None, metavar="S",
+                    help="make the campaign reproducible")
+    sp.add_argument("--out", default=f"{DEFAULT_OUT}/fuzz", metavar="DIR",
+                    help=f"example database and failures (default: {DEFAULT_OUT}/fuzz)")
+    sp.add_argument("--keep-going", action="store_true",
+                    help="collect distinct failures until the budget ends")
+    sp.add_argument("--dtypes", nargs="+", choices=("float16", "bfloat16", "float32"),
+                    default=None, help="dtypes to draw (default: all the kernel runs here)")
+    sp.add_argument("--max-n", type=_positive_int, default=None, metavar="N",
+                    help="largest sequence length to draw (default: by device)")
+    quiet(sp)
+    sp.set_defaults(func=cmd_fuzz)
+
+    sp = sub.add_parser("repro", help="replay one case; exit 0 pass, 1 fail (git bisect run)")
+    sp.add_argument("case", nargs="?", default=None, metavar="CASE.json")
+    common(sp, kernel_default=None)
+    sp.add_argument("--tensors", default=None, metavar="FILE",
+                    help="captured tensors (.npz or .pt, loaded without pickle)")
+    sp.add_argument("--is-causal", action="store_true", help="with --tensors: causal")
+    sp.add_argument("--causal-alignment", choices=("top_left", "bottom_right"),
+                    default="top_left", help="with --tensors")
+    sp.add_argument("--window", type=_window, default=None, metavar="LEFT,RIGHT",
+                    help="with --tensors: sliding window")
+    sp.add_argument("--scale", type=_positive_float, default=None, help="with --tensors")
+    sp.add_argument("--forward-only", action="store_true",
+                    help="with --tensors: do not check gradients")
+    sp.set_defaults(func=cmd_repro)
+
+    sp = sub.add_parser("gate", help="CI gate: fixed sweep + regression corpus vs budgets")
+    common(sp)
+    sp.add_argument("--budgets", default=None, metavar="FILE",
+                    help="budgets JSON (default: verify/budgets/<kernel>-<profile>.json)")
+    sp.add_argument("--update", action="store_true",
+                    help="rewrite the budgets from this run and show the diff")
+    sp.add_argument("--corpus", default=None, metavar="DIR",
+                    help="regression case files (default: tests/regressions)")
+    sp.add_argument("--out", default=f"{DEFAULT_OUT}/gate", metavar="DIR",
+                    help=f"report and failures (default: {DEFAULT_OUT}/gate)")
+    quiet(sp)
+    sp.set_defaults(func=cmd_gate)
+
+    sp = sub.add_parser("compare", help="cross-kernel Markdown table from report.json files")
+    sp.add_argument("reports", nargs="+", metavar="REPORT.json")
+    sp.add_argument("--out", default=None, metavar="FILE.md")
+    sp.set_defaults(func=cmd_compare)
+
+    for name, text in (("bench", "speed side by side (kernels.bench)"),
+                       ("mutants", "the mutation self-test kill table (verify.selftest)")):
+        sp = sub.add_parser(name, help=text, add_help=False)
+        sp.add_argument("rest", nargs=argparse.REMAINDER)
+    return p
+
 
 def main(argv: list[str] | None = None) -> int:
-    print(f"flashcheck {__version__}")
-    return 0
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] in ("bench", "mutants"):
+            return _delegate(argv[0], argv[1:])
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as e:  # --help, --version, or a usage error already printed
+            return e.code if isinstance(e.code, int) else 2
+        if args.command is None:
+            parser.print_help()
+            return 2
+        return args.func(args)
+    except UsageError as e:
+        print(f"flashcheck: error: {e}", file=sys.stderr)
+        return 2
+    except (ValueError, NotImplementedError, OSError) as e:
+        # Raised while reading the command's inputs (kernel spec, case file, budgets): the
+        # harness catches everything a kernel raises inside check_case itself, so what reaches
+        # here is a usage or environment problem.
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"flashcheck: error: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("flashcheck: interrupted", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -438,6 +438,34 @@ def render_terminal_table(report: Mapping[str, Any]) -> str:
     return "\n".join(out)
 
 
+def render_verdict_table(verdict: Mapping[str, Any]) -> str:
+    """The per-tensor table of one verdict dict (``repro`` prints it; failure summaries embed
+    it). Markdown, readable as plain text."""
+    head = ("tensor", "max abs", "max rel", "rmse", "bias", "ulps", "bad", "tolerance",
+            "a-priori", "ratio", "vs a-priori", "baseline", "ok", "worst index: got / want",
+            "note")
+    rows = [head]
+    tensors = verdict.get("tensors") or {}
+    for name in sorted(tensors, key=lambda n: (TENSOR_ORDER + (n,)).index(n)):
+        t = tensors[name]
+        idx = t.get("worst_index")
+        where = (f"{tuple(idx) if isinstance(idx, list) else idx}: {fmt(t.get('got'), 6)} / "
+                 f"{fmt(t.get('want'), 6)}")
+        rows.append((name, fmt(t.get("max_abs")), fmt(t.get("max_rel")), fmt(t.get("rmse")),
+                     fmt(t.get("bias")), fmt(t.get("max_ulps")),
+                     f"{t.get('n_bad', '-')}/{t.get('numel', '-')}", fmt(t.get("tol")),
+                     fmt(t.get("apriori")), fmt(t.get("ratio")), fmt(t.get("ratio_apriori")),
+                     fmt(t.get("baseline_err")), "yes" if t.get("passed") else "NO", where,
+                     str(t.get("note") or "")))
+    if len(rows) == 1:
+        return f"(no tensors compared: {verdict.get('status')}: {verdict.get('reason', '')})"
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(head))]
+    lines = ["| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) + " |"
+             for r in rows]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------- plots
 
 

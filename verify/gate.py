@@ -1,0 +1,203 @@
+"""``flashcheck gate``: the CI gate against committed per-configuration error budgets.
+
+The gate runs the derandomized fixed sweep of the device's profile plus every case file of the
+regression corpus (``tests/regressions/``), aggregates by configuration (verify.report), and
+fails (exit 1) when
+
+- any case fails its own verdict (a numerical failure, NaN, a raise inside the domain, ...), or
+- a configuration's worst error ratio (observed / tolerance, over its cases and tensors)
+  exceeds the budget committed for it, or
+- a configuration that ran has no committed budget (a new configuration must be budgeted on
+  purpose, with ``--update``).
+
+A budget is the committed worst ratio times :data:`HEADROOM`. ``--update`` rewrites the file
+from the current run (refused while any case fails, so a budget never enshrines a failure)
+and prints the diff against the committed one.
+
+Caveat: budgets are per kernel and per profile (``verify/budgets/<kernel>-<profile>.json``);
+CPU numbers (Triton interpreter) and GPU numbers differ and are never compared with each
+other.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from verify import report as R
+
+BUDGETS_FORMAT = "flashcheck-budgets"
+BUDGETS_VERSION = 1
+
+# Budget = committed worst ratio x HEADROOM. Inputs are bit-identical from their seeds and the
+# sweep is fixed, so on one machine and one set of versions the ratios repeat exactly; the
+# headroom absorbs what legitimately moves them: a torch/numpy/Triton upgrade that reorders the
+# same fp32 accumulations (BLAS blocking, interpreter dot) in the kernel or in the baseline that
+# sets the tolerance. Such a reordering draws a new realisation of the same rounding errors.
+# Measured by redrawing every sweep case with other seeds (same shapes, same arithmetic, new
+# rounding realisation): the per-configuration worst ratio moved by at most a factor
+# HEADROOM_MEASURED (see scripts/... in the README's "CI gate" section); HEADROOM rounds that up
+# to the next 0.05. A genuine regression (a lost bit of precision) doubles the error or more.
+HEADROOM_MEASURED = 1.0
+HEADROOM = 1.25
+
+# A configuration whose kernel is exact on every case (observed error 0: fully masked rows,
+# identical keys) would get a budget of 0 and trip on the first changed rounding. Its budget
+# is floored at 1/16 of the tolerance: 2^-4 is the smallest ratio the report's 3 significant
+# digits round-trip meaningfully in practice and far below the x2 a lost bit causes.
+RATIO_FLOOR = 2.0**-4
+
+
+def default_budgets_path(kernel_spec: str, profile: str) -> Path:
+    """``verify/budgets/<kernel>-<profile>.json``; the spec is made file-name safe."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", kernel_spec).strip("_") or "kernel"
+    return Path(__file__).resolve().parent / "budgets" / f"{safe}-{profile}.json"
+
+
+def default_corpus() -> Path:
+    """``tests/regressions`` of the source checkout this package was imported from."""
+    return Path(__file__).resolve().parents[1] / "tests" / "regressions"
+
+
+def corpus_files(corpus: Path) -> list[Path]:
+    return sorted(corpus.glob("*.json")) if corpus.is_dir() else []
+
+
+def load_corpus(corpus: Path) -> list[Any]:
+    """The regression cases (with captured tensors where a tensor file sits beside one)."""
+    from verify.repro import load_target
+
+    return [load_target(case_path=str(p), tensors_path=None).case for p in corpus_files(corpus)]
+
+
+def budget_for(ratio: float, headroom: float = HEADROOM) -> float:
+    return max(ratio, RATIO_FLOOR) * headroom
+
+
+def make_budgets(report: dict[str, Any], *, kernel_spec: str, profile: str, device: str,
+                 headroom: float = HEADROOM) -> dict[str, Any]:
+    """Budgets from a report: every configuration that ran gets its worst ratio x headroom."""
+    configs = {}
+    for c in report["configs"]:
+        if c["status"] == "not_run" or c["worst_ratio"] is None:
+            continue
+        r = R._f(c["worst_ratio"])
+        configs[c["label"]] = {"worst_ratio": float(f"{r:.4g}"),
+                               "budget": float(f"{budget_for(r, headroom):.4g}"),
+                               "cases": c["cases"] - c["counts"]["not_run"]}
+    return {"format": BUDGETS_FORMAT, "version": BUDGETS_VERSION, "kernel": kernel_spec,
+            "profile": profile, "device": device, "headroom": headroom,
+            "ratio_floor": RATIO_FLOOR, "versions": R.versions(),
+            "configs": dict(sorted(configs.items(), key=lambda kv: R._natural(kv[0])))}
+
+
+def budgets_text(budgets: dict[str, Any]) -> str:
+    return json.dumps(budgets, indent=1) + "\n"
+
+
+def load_budgets(path: Path) -> dict[str, Any]:
+    """Read a budgets file; ValueError naming the file and the field when malformed."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--budgets {path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict) or data.get("format") != BUDGETS_FORMAT:
+        raise ValueError(f"--budgets {path}: format must be {BUDGETS_FORMAT!r}")
+    configs = data.get("configs")
+    if not isinstance(configs, dict) or not all(
+        isinstance(v, dict) and isinstance(v.get("budget"), (int, float))
+        and v["budget"] > 0 for v in configs.values()
+    ):
+        raise ValueError(f"--budgets {path}: 'configs' must map labels to "
+                         "{'budget': number > 0, ...}")
+    return data
+
+
+def compare_to_budgets(report: dict[str, Any], budgets: dict[str, Any]) -> tuple[
+        list[dict[str, Any]], list[str]]:
+    """Rows (label, ratio, budget, status, why) and the budgeted labels this run never ran."""
+    rows = []
+    seen = set()
+    for c in report["configs"]:
+        label = c["label"]
+        seen.add(label)
+        entry = budgets["configs"].get(label)
+        budget = entry["budget"] if entry else None
+        ratio = None if c["worst_ratio"] is None else R._f(c["worst_ratio"])
+        if c["status"] == "fail":
+            status, why = "fail", "a case fails its verdict: " + ", ".join(
+                f"{k} x{n}" for k, n in c["failure_classes"].items())
+        elif c["status"] == "not_run":
+            status, why = "not_run", "; ".join(r["reason"] for r in c["not_run"])
+        elif entry is None:
+            status, why = "fail", "no committed budget (run 'flashcheck gate --update')"
+        elif math.isnan(ratio) or ratio > budget:
+            status, why = "fail", f"ratio {R.fmt(ratio)} > budget {R.fmt(budget)}"
+        else:
+            status, why = "pass", ""
+        rows.append({"label": label, "ratio": ratio, "budget": budget, "status": status,
+                     "why": why})
+    missing = [lab for lab in budgets["configs"] if lab not in seen]
+    return rows, missing
+
+
+def render_gate_table(rows: list[dict[str, Any]]) -> str:
+    table = [("configuration", "ratio", "budget", "gate", "why")]
+    table += [(r["label"], R.fmt(r["ratio"]), R.fmt(r["budget"]), r["status"].replace("_", " "),
+               r["why"]) for r in rows]
+    widths = [max(len(t[i]) for t in table) for i in range(4)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(t[:4], widths, strict=True))
+                     + ("  " + t[4] if t[4] else "") for t in table)
+
+
+def diff_text(old: str, new: str, name: str) -> str:
+    return "".join(difflib.unified_diff(old.splitlines(keepends=True),
+                                        new.splitlines(keepends=True),
+                                        fromfile=f"{name} (committed)", tofile=f"{name} (new)"))
+
+
+def run_gate(kernel: Any, *, kernel_spec: str, device: str, profile: str, budgets_path: Path,
+             corpus: Path, update: bool, out: Path, quiet: bool = False) -> int:
+    from verify.strategies import fixed_sweep
+    from verify.sweep import run_cases
+
+    budgets = None if update and not budgets_path.exists() else load_budgets(budgets_path)
+    regressions = load_corpus(corpus)
+    cases = list(fixed_sweep(profile)) + regressions
+    records = run_cases(kernel, cases, device, kernel_spec=kernel_spec,
+                        failures_dir=out / "failures", what=f"gate[{profile}]", quiet=quiet)
+    header = R.make_header(kernel=kernel_spec, device=device, profile=profile,
+                           regressions=len(regressions))
+    rep = R.build_report(records, header=header)
+    R.write_report(rep, out)
+    print(f"gate: {len(cases) - len(regressions)} sweep cases + {len(regressions)} regression "
+          f"cases from {corpus}; report in {out}")
+    if update:
+        if rep["summary"]["fail"]:
+            print(R.render_terminal_table(rep))
+            print(f"gate --update refused: {rep['summary']['fail']} case(s) fail; a budget must "
+                  "not be set from a failing run (see the report)")
+            return 1
+        new = budgets_text(make_budgets(rep, kernel_spec=kernel_spec, profile=profile,
+                                        device=device))
+        old = budgets_path.read_text() if budgets_path.exists() else ""
+        budgets_path.parent.mkdir(parents=True, exist_ok=True)
+        budgets_path.write_text(new)
+        diff = diff_text(old, new, budgets_path.name)
+        print(diff if diff else f"{budgets_path}: unchanged")
+        print(f"wrote {budgets_path}")
+        return 0
+    rows, missing = compare_to_budgets(rep, budgets)
+    print(render_gate_table(rows))
+    for lab in missing:
+        print(f"note: budgeted configuration not exercised by this run: {lab}")
+    bad = [r for r in rows if r["status"] == "fail"]
+    print(f"gate: {len(bad)} of {len(rows)} configurations over budget or failing"
+          if bad else f"gate: all {len(rows)} configurations within budget")
+    for f in rep["failures"][:10]:
+        print(f"FAIL {f['summary']}\n  replay: {f['replay']}")
+    return 1 if bad else 0
