@@ -11,5 +11,6 @@ enabled with ``TRITON_INTERPRET=1`` before triton is first imported.
 """
 
 from kernels.flash_attention import attention
+from kernels.flash_attention_fa1 import attention_fa1
 
-__all__ = ["attention"]
+__all__ = ["attention", "attention_fa1"]
