@@ -65,7 +65,7 @@ CASES: dict[str, tuple[dict | None, dict]] = {
     "mutates_inputs": (dict(), dict()),
     "shape_cache": (dict(), dict()),
     "zero_small_outputs": (None, dict(Nk=64)),
-    "key_subsample": (dict(Nk=64), dict(Nk=80)),
+    "key_subsample": (dict(Nk=32), dict(Nk=48)),
 }
 
 

@@ -91,7 +91,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant("zero_small_outputs", "adversarial", "pytorch",
            "flushes |out| < 1e-2 to zero (passes a loose bf16 atol)"),
     Mutant("key_subsample", "adversarial", "pytorch",
-           "attends to every other key when Nk > 64"),
+           "attends to every other key when Nk > 32"),
 )
 
 

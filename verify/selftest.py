@@ -1,0 +1,416 @@
+"""``flashcheck mutants``: the harness's self-test — a kill table and a false-alarm table.
+
+The harness is tested the way it tests kernels. Every wrong kernel of the catalogue in
+`verify/mutants/` is fuzzed through exactly the path users take for their own kernels,
+`flashcheck fuzz --kernel verify/mutants/NAME.py:attention` (the spec is resolved by
+`verify.adapters.resolve_kernel`, the campaign is `verify.fuzz.Campaign`: the same Hypothesis
+`cases` strategy, `check_case`, shrinking and case files). A mutant is *killed* when the
+campaign records a failure; the kill table gives the time and the number of examples to the
+first failing example, the shrunk case (`Case.short()`), and what caught it (failure class
+and tensor). Then every correct-but-different kernel of `verify/controls/` is fuzzed the same
+way for the rest of the budget; any failure there is a *false alarm*. The false-alarm table
+gives the examples run and the worst error ratio (observed / tolerance; a pass is < 1).
+
+Budget: ``--budget-s`` is the wall-clock time of the whole self-test. Kernels run one after
+another, mutants first; each gets ``remaining budget / kernels left`` as its campaign's time
+box, so the time that quick kills leave over goes to the kernels after them (in practice, to
+the controls). The box is checked between examples, and a shrink is never cut short, so the
+run can end later than the budget by about one shrink.
+
+Repeatability: every campaign uses ``--seed`` (Hypothesis's random choices) and starts from an
+empty example database (``DIR/<kernel>/hypothesis-db`` is removed first), so the same seed on
+the same machine draws the same examples; only how many fit in a time box depends on speed.
+
+Output: the two tables on stdout, ``DIR/mutants.json`` and ``DIR/mutants.md``, each kernel's
+campaign log and case files under ``DIR/<kernel>/``; with ``--write-docs`` also
+``docs/mutants.md``. Exit 1 when a mutant survives or a control fails, 2 on a usage error,
+0 otherwise.
+
+Caveat: the per-example verdicts (for "examples needed" and the worst error ratio) are
+observed by wrapping ``verify.check.check_case`` while ``Campaign._property`` builds its
+property; if that wiring changes the self-test stops with an error instead of reporting
+nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+DEFAULT_OUT = "flashcheck-out/mutants"
+DEFAULT_BUDGET_S = 900.0
+DEFAULT_SEED = 0
+DOCS_PATH = Path(__file__).resolve().parent.parent / "docs" / "mutants.md"
+
+
+@dataclass
+class CampaignResult:
+    """What one fuzz campaign against one kernel saw."""
+
+    examples: int  # check_case calls (shrinking included)
+    wall_s: float
+    first_fail_s: float | None = None  # from the campaign's start to the first failing verdict
+    first_fail_examples: int | None = None  # 1-based index of that example
+    worst_ratio: float = 0.0  # over the examples that ran (not_run excluded)
+    case_file: str | None = None  # the shrunk failure's case file
+    shrunk: str = ""  # Case.short() of the shrunk failure
+    caught_by: str = ""  # failure class: tensor (or reason)
+    error: str = ""  # the campaign itself raised (usage/environment problem)
+
+
+@dataclass
+class KillRow:
+    name: str
+    kind: str
+    impl: str
+    bug: str
+    killed: bool
+    result: CampaignResult
+
+
+@dataclass
+class ControlRow:
+    name: str
+    what: str
+    passed: bool
+    result: CampaignResult
+
+
+@dataclass
+class SelfTest:
+    device: str
+    seed: int
+    budget_s: float
+    command: str
+    versions: dict
+    kills: list[KillRow] = field(default_factory=list)
+    controls: list[ControlRow] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def n_killed(self) -> int:
+        return sum(r.killed for r in self.kills)
+
+    @property
+    def n_false_alarms(self) -> int:
+        return sum(not r.passed for r in self.controls)
+
+    @property
+    def median_kill_s(self) -> float | None:
+        times = [r.result.first_fail_s for r in self.kills if r.killed]
+        return statistics.median(times) if times else None
+
+    @property
+    def ok(self) -> bool:
+        return self.n_killed == len(self.kills) and self.n_false_alarms == 0
+
+    def to_dict(self) -> dict:
+        return {
+            "command": self.command, "device": self.device, "seed": self.seed,
+            "budget_s": self.budget_s, "wall_s": self.wall_s, "versions": self.versions,
+            "summary": {"mutants": len(self.kills), "killed": self.n_killed,
+                        "median_time_to_kill_s": self.median_kill_s,
+                        "controls": len(self.controls), "false_alarms": self.n_false_alarms},
+            "mutants": [asdict(r) for r in self.kills],
+            "controls": [asdict(r) for r in self.controls],
+        }
+
+
+def _caught_by(verdict: dict) -> str:
+    """``failure class: tensor`` of a verdict dict (the reason when no tensor failed)."""
+    failing = {n: t for n, t in (verdict.get("tensors") or {}).items() if not t.get("passed")}
+    if failing:
+        def ratio(t):
+            r = t.get("ratio")
+            return math.inf if isinstance(r, str) else float(r)
+
+        return f"{verdict.get('failure')}: {max(failing, key=lambda n: ratio(failing[n]))}"
+    return f"{verdict.get('failure')}: {verdict.get('reason', '')}".strip()
+
+
+def _ratio(verdict) -> float:
+    from verify.check import error_ratio
+
+    r = error_ratio(verdict)
+    return r if math.isfinite(r) else math.inf
+
+
+def run_campaign(spec: str, device: str, *, seconds: float, seed: int, out: Path,
+                 quiet: bool = True) -> CampaignResult:
+    """Fuzz ``spec`` on ``device`` for ``seconds`` with ``verify.fuzz.Campaign``.
+
+    Stops at the first (shrunk) failure. The campaign's printout goes to ``out/fuzz.log``.
+    """
+    import verify.check
+    from verify.adapters import resolve_kernel
+    from verify.cases import load_case_file
+    from verify.fuzz import Campaign
+
+    seen: list[tuple[float, object]] = []
+    t0 = time.monotonic()
+
+    class _Observed(Campaign):
+        def _property(self, bar, deadline):
+            real = verify.check.check_case
+
+            def observed(*args, **kwargs):
+                verdict = real(*args, **kwargs)
+                seen.append((time.monotonic() - t0, verdict))
+                return verdict
+
+            verify.check.check_case = observed
+            try:
+                return super()._property(bar, deadline)
+            finally:
+                verify.check.check_case = real
+
+    shutil.rmtree(out / "hypothesis-db", ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "fuzz.log", "w", encoding="utf-8") as log, contextlib.redirect_stdout(log):
+        try:
+            kernel = resolve_kernel(spec, device)
+            campaign = _Observed(kernel, kernel_spec=spec, device=device, out=out,
+                                 minutes=max(seconds, 1e-3) / 60.0, seed=seed, quiet=quiet)
+            t0 = time.monotonic()
+            campaign.run()
+        except (ValueError, NotImplementedError, RuntimeError) as e:
+            print(f"error: {type(e).__name__}: {e}")
+            return CampaignResult(examples=len(seen), wall_s=time.monotonic() - t0,
+                                  error=f"{type(e).__name__}: {e}")
+    wall = time.monotonic() - t0
+    if campaign.calls and not seen:
+        raise RuntimeError("verify.fuzz.Campaign no longer calls verify.check.check_case "
+                           "through _property; the self-test cannot observe verdicts")
+    res = CampaignResult(examples=len(seen), wall_s=wall)
+    ran = [v for _, v in seen if v.status != "not_run"]
+    res.worst_ratio = max((_ratio(v) for v in ran), default=0.0)
+    for i, (t, v) in enumerate(seen):
+        if v.status == "fail":
+            res.first_fail_s, res.first_fail_examples = t, i + 1
+            break
+    if campaign.found:
+        case, meta = load_case_file(campaign.found[0])
+        res.case_file = str(campaign.found[0])
+        res.shrunk = case.short()
+        res.caught_by = _caught_by(meta.get("verdict") or {})
+    return res
+
+
+def _box(budget_s: float, started: float, kernels_left: int) -> float:
+    return max(budget_s - (time.monotonic() - started), 0.0) / kernels_left
+
+
+def run_selftest(*, device: str, budget_s: float, seed: int, out: Path,
+                 only: list[str] | None = None, controls: bool = True,
+                 command: str = "flashcheck mutants", echo=print) -> SelfTest:
+    """Run the kill table, then the false-alarm table, within ``budget_s`` seconds."""
+    from verify import report as R
+    from verify.controls import CONTROLS
+    from verify.mutants import CATALOGUE, by_name
+
+    mutants = [by_name(n) for n in only] if only else list(CATALOGUE)
+    ctrls = list(CONTROLS) if controls else []
+    st = SelfTest(device=device, seed=seed, budget_s=budget_s, command=command,
+                  versions=R.versions())
+    started = time.monotonic()
+    left = len(mutants) + len(ctrls)
+    for m in mutants:
+        res = run_campaign(m.spec, device, seconds=_box(budget_s, started, left), seed=seed,
+                           out=out / m.name)
+        left -= 1
+        row = KillRow(m.name, m.kind, m.impl, m.bug, killed=res.case_file is not None,
+                      result=res)
+        st.kills.append(row)
+        echo(_kill_line(row))
+    for c in ctrls:
+        res = run_campaign(c.spec, device, seconds=_box(budget_s, started, left), seed=seed,
+                           out=out / c.name)
+        left -= 1
+        row = ControlRow(c.name, c.what, passed=res.first_fail_s is None and not res.error,
+                         result=res)
+        st.controls.append(row)
+        echo(_control_line(row))
+    st.wall_s = time.monotonic() - started
+    return st
+
+
+# ------------------------------------------------------------------------------ tables
+
+
+def _fmt_s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def _fmt_ratio(x: float) -> str:
+    return "inf" if not math.isfinite(x) else f"{x:.3g}"
+
+
+def _kill_line(r: KillRow) -> str:
+    res = r.result
+    if r.killed:
+        return (f"KILLED   {r.name:<26} {_fmt_s(res.first_fail_s):>6} s "
+                f"{res.first_fail_examples:>4} ex  {res.caught_by:<28} {res.shrunk}")
+    why = res.error or f"no failure in {res.examples} examples, {res.wall_s:.1f} s"
+    return f"SURVIVED {r.name:<26} {why}"
+
+
+def _control_line(r: ControlRow) -> str:
+    res = r.result
+    status = "pass" if r.passed else "FALSE ALARM"
+    extra = "" if r.passed else f"  {res.error or res.caught_by}  {res.shrunk}"
+    return (f"{status:<11} {r.name:<18} {res.examples:>4} ex  worst ratio "
+            f"{_fmt_ratio(res.worst_ratio)}{extra}")
+
+
+def _md_cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(st: SelfTest) -> str:
+    med = st.median_kill_s
+    lines = [
+        "# Mutation self-test",
+        "",
+        "The harness must kill every wrong kernel in `verify/mutants/` and pass every correct",
+        "kernel in `verify/controls/`. Each kernel is fuzzed exactly as",
+        "`flashcheck fuzz --kernel verify/mutants/NAME.py:attention` would (same strategy,",
+        "checks, shrinking and case files); see `verify/selftest.py` for the budget rules.",
+        "",
+        "Made with:",
+        "",
+        "```",
+        st.command,
+        "```",
+        "",
+        f"Device `{st.device}`, seed {st.seed}, budget {st.budget_s:g} s, wall "
+        f"{st.wall_s:.0f} s; " + ", ".join(f"{k} {v}" for k, v in st.versions.items()) + ".",
+        "",
+        f"**{st.n_killed}/{len(st.kills)} mutants killed**"
+        + (f", median time to kill {med:.1f} s" if med is not None else "")
+        + f"; **{st.n_false_alarms} false alarms** in {len(st.controls)} controls.",
+        "",
+        "## Kill table",
+        "",
+        "Time and examples are to the first failing example (before shrinking); the case is",
+        "the shrunk one; \"caught by\" is the failure class and the tensor (or the reason).",
+        "",
+        "| mutant | kind | bug | killed | time to first failure (s) | examples | caught by "
+        "| shrunk case |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in st.kills:
+        res = r.result
+        lines.append(
+            f"| `{r.name}` | {r.kind} ({r.impl}) | {_md_cell(r.bug)} | "
+            f"{'yes' if r.killed else '**NO**'} | {_fmt_s(res.first_fail_s)} | "
+            f"{res.first_fail_examples or '-'} | {_md_cell(res.caught_by or res.error or '-')} "
+            f"| `{_md_cell(res.shrunk or '-')}` |")
+    lines += [
+        "",
+        "## False-alarm table",
+        "",
+        "Worst error ratio = the largest observed error / tolerance over all examples and",
+        "tensors (a pass is <= 1).",
+        "",
+        "| kernel | what | examples run | passed | worst error ratio |",
+        "|---|---|---|---|---|",
+    ]
+    for r in st.controls:
+        res = r.result
+        passed = "yes" if r.passed else f"**NO** ({_md_cell(res.error or res.caught_by)})"
+        lines.append(f"| `{r.name}` | {_md_cell(r.what)} | {res.examples} | {passed} | "
+                     f"{_fmt_ratio(res.worst_ratio)} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(st: SelfTest, out: Path, *, write_docs: bool) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "mutants.json", out / "mutants.md"]
+    paths[0].write_text(json.dumps(st.to_dict(), indent=2, default=str) + "\n")
+    text = render_markdown(st)
+    paths[1].write_text(text)
+    if write_docs:
+        DOCS_PATH.write_text(text)
+        paths.append(DOCS_PATH)
+    return paths
+
+
+# ------------------------------------------------------------------------------ command
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="flashcheck mutants",
+        description="Mutation self-test: fuzz every mutant (must fail) and control (must pass).")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="default: cuda when available, else cpu")
+    p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, metavar="S",
+                   help=f"wall-clock budget of the whole self-test (default {DEFAULT_BUDGET_S:g})")
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                   help=f"Hypothesis seed of every campaign (default {DEFAULT_SEED})")
+    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
+                   help=f"tables, logs and case files (default {DEFAULT_OUT})")
+    p.add_argument("--write-docs", action="store_true", help=f"also write {DOCS_PATH.name} "
+                   "under docs/")
+    p.add_argument("--only", action="append", metavar="MUTANT",
+                   help="run only this mutant (repeatable); skips the controls")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    import os
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = _parser()
+    try:
+        args = p.parse_args(argv)
+    except SystemExit as e:
+        return 0 if e.code == 0 else 2
+    if not (math.isfinite(args.budget_s) and args.budget_s > 0):
+        print(f"flashcheck mutants: --budget-s must be a finite number > 0, got {args.budget_s}",
+              file=sys.stderr)
+        return 2
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        print("flashcheck mutants: --device cuda: no CUDA device is available", file=sys.stderr)
+        return 2
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        print("flashcheck mutants: --device cpu runs the Triton mutants in the interpreter; "
+              "set TRITON_INTERPRET=1 before starting (the flashcheck command does)",
+              file=sys.stderr)
+        return 2
+    from verify.mutants import by_name
+
+    try:
+        for name in args.only or ():
+            by_name(name)
+    except ValueError as e:
+        print(f"flashcheck mutants: --only: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    command = "flashcheck mutants " + " ".join(argv) if argv else "flashcheck mutants"
+    print(f"mutants: {device}, budget {args.budget_s:g} s, seed {args.seed}, out {out}")
+    st = run_selftest(device=device, budget_s=args.budget_s, seed=args.seed, out=out,
+                      only=args.only, controls=not args.only, command=command)
+    paths = write_outputs(st, out, write_docs=args.write_docs)
+    med = st.median_kill_s
+    print(f"mutants: {st.n_killed}/{len(st.kills)} killed"
+          + (f" (median {med:.1f} s to first failure)" if med is not None else "")
+          + f"; controls: {st.n_false_alarms} false alarm(s) in {len(st.controls)}; "
+          f"{st.wall_s:.0f} s")
+    print("tables: " + ", ".join(str(x) for x in paths))
+    return 0 if st.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
