@@ -1,0 +1,236 @@
+"""Tests for verify.strategies: bounds, capabilities, bad arguments, shrinking, coverage of
+every feature, and the fixed sweeps."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from hypothesis import find, given, settings
+from hypothesis import strategies as st
+
+from verify.cases import DTYPES, LAYOUTS, d_bucket, n_bucket
+from verify.distributions import DIST_KINDS, GRAD_DIST_KINDS
+from verify.strategies import (
+    ALL_FEATURES,
+    OPT_IN_FEATURES,
+    cases,
+    features_of,
+    fixed_sweep,
+    restrict,
+)
+
+# find() stops at the first example that satisfies the predicate, then shrinks it; the
+# database is off so runs cannot influence each other.
+FIND = settings(database=None, max_examples=2000)
+
+BOUNDS = [
+    dict(dtypes=("bfloat16",), max_n=5, head_dims=[3, 7], max_batch=1, max_heads=2,
+         features=frozenset(), layouts=("bnhd",), distributions=("ties",)),
+    dict(dtypes=("float32", "float16"), max_n=40, head_dims=range(60, 65), max_batch=3,
+         max_heads=6, features=frozenset({"gqa", "uneven_n", "bias"}), backward=False,
+         layouts=("strided", "contiguous"), distributions=("tiny", "dominant"),
+         grad_distributions=("constant",)),
+    dict(max_n=9, features=ALL_FEATURES | OPT_IN_FEATURES, dtypes=tuple(DTYPES)),
+]
+
+
+@pytest.mark.parametrize("bounds", BOUNDS, ids=["tight", "mixed", "all"])
+@given(data=st.data())
+def test_strategy_respects_bounds(bounds, data):
+    case = data.draw(cases(**bounds))
+    assert case.dtype in bounds["dtypes"]
+    assert 1 <= case.Nq <= bounds["max_n"] and 1 <= case.Nk <= bounds["max_n"]
+    if "head_dims" in bounds:
+        assert case.D in set(bounds["head_dims"])
+    assert case.B <= bounds.get("max_batch", 2) and case.Hq <= bounds.get("max_heads", 4)
+    assert features_of(case) <= bounds["features"]
+    assert case.layout in bounds.get("layouts", LAYOUTS)
+    assert case.dist["kind"] in bounds.get("distributions", DIST_KINDS)
+    assert case.backward == bounds.get("backward", True)
+    if case.backward:
+        assert case.grad_dist["kind"] in bounds.get("grad_distributions", GRAD_DIST_KINDS)
+
+
+CAPS = [
+    {"dtypes": ("float32",), "head_dims": (16, 48), "masks": ("bool",), "gqa": False,
+     "backward": False, "mask_broadcast": False},
+    {"dtypes": ("float16", "bfloat16"), "masks": (), "extensions": ()},
+    {"masks": ("additive",), "extensions": ("window", "causal_alignment")},
+]
+
+
+@pytest.mark.parametrize("caps", CAPS, ids=["bool-masks", "no-masks", "additive"])
+@pytest.mark.parametrize("as_object", [False, True], ids=["dict", "object"])
+@given(data=st.data())
+def test_strategy_stays_inside_capabilities(caps, as_object, data):
+    given_caps = SimpleNamespace(**caps) if as_object else caps
+    case = data.draw(cases(dtypes=tuple(DTYPES), max_n=16, capabilities=given_caps))
+    assert case.dtype in caps.get("dtypes", DTYPES)
+    lo, hi = caps.get("head_dims", (1, 256))
+    assert lo <= case.D <= hi
+    masks = caps.get("masks", ("bool", "additive"))
+    kind = case.mask["kind"]
+    assert kind == "none" or ("additive" if kind == "bias" else "bool") in masks
+    if caps.get("gqa") is False:
+        assert case.Hq == case.Hkv
+    if caps.get("backward") is False:
+        assert not case.backward
+    if caps.get("mask_broadcast") is False and kind != "none":
+        assert case.mask["shape"] == "bhqk"
+    if not masks and not caps.get("extensions"):
+        assert case.window is None and case.causal_alignment == "top_left"
+
+
+@pytest.mark.parametrize("caps,features,want", [
+    ({"masks": ("bool",)}, ALL_FEATURES, ALL_FEATURES - {"bias", "neginf_first_tile"}),
+    ({"masks": ("additive",)}, {"key_padding", "random_mask", "block_sparse", "dead_rows",
+                                "bias", "window"}, {"bias", "window"}),
+    ({"masks": (), "extensions": ("window",)}, {"window", "bottom_right", "causal"},
+     {"window", "causal"}),
+    ({"masks": (), "extensions": ("causal_alignment",)}, {"window", "bottom_right"},
+     {"bottom_right"}),
+    ({"gqa": False, "mask_broadcast": False}, {"gqa", "mask_broadcast", "uneven_n"},
+     {"uneven_n"}),
+    ({}, ALL_FEATURES, ALL_FEATURES),
+    (None, {"tf32"}, {"tf32"}),
+])
+def test_restrict(caps, features, want):
+    assert restrict(features, caps) == frozenset(want)
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    ({"max_n": 0}, "max_n"),
+    ({"max_n": 1 << 20}, "max_n"),
+    ({"max_n": 4.0}, "max_n"),
+    ({"max_batch": 0}, "max_batch"),
+    ({"max_heads": -1}, "max_heads"),
+    ({"dtypes": ("float64",)}, "dtypes"),
+    ({"dtypes": ()}, "dtypes"),
+    ({"dtypes": "float16"}, "dtypes"),
+    ({"head_dims": [0, 8]}, "head_dims"),
+    ({"head_dims": [300]}, "head_dims"),
+    ({"features": {"causal", "sparkle"}}, "features"),
+    ({"features": "causal"}, "features"),
+    ({"layouts": ("bhnd",)}, "layouts"),
+    ({"distributions": ("cauchy",)}, "distributions"),
+    ({"grad_distributions": ("ties",)}, "grad_distributions"),
+    ({"backward": "yes"}, "backward"),
+    ({"capabilities": {"dtypes": ("float32",)}, "dtypes": ("float16",)}, "dtypes"),
+    ({"capabilities": {"head_dims": (8, 16)}, "head_dims": [32]}, "head_dims"),
+    ({"capabilities": {"head_dims": 5}}, "head_dims"),
+])
+def test_bad_bounds_raise_immediately(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        cases(**kwargs)
+
+
+def test_shrinks_to_the_plain_case():
+    case = find(cases(), lambda c: True, settings=FIND)
+    assert (case.B, case.Hq, case.Hkv, case.Nq, case.Nk, case.D) == (1, 1, 1, 1, 1, 1)
+    assert case.dtype == "float16" and case.layout == "contiguous"
+    assert case.mask == {"kind": "none"} and case.dist == {"kind": "normal", "sigma": 1.0}
+    assert not case.is_causal and case.window is None and case.scale is None
+    assert case.grad_dist == {"kind": "normal", "sigma": 1.0} and case.seed == 0
+
+
+def test_shrinks_masks_toward_attend_all():
+    kp = find(cases(), lambda c: c.mask["kind"] == "key_padding", settings=FIND)
+    assert kp.mask["lengths"] == [kp.Nk] * kp.B
+    rnd = find(cases(), lambda c: c.mask["kind"] == "random", settings=FIND)
+    assert rnd.mask["density"] == 1.0 and rnd.mask["shape"] == "bhqk"
+
+
+PREREQUISITES = {
+    "bottom_right": {"causal", "window"},
+    "neginf_first_tile": {"bias"},
+    "mask_broadcast": {"key_padding", "random_mask", "block_sparse", "bias", "dead_rows"},
+}
+
+
+@pytest.mark.parametrize("feature", sorted(ALL_FEATURES | OPT_IN_FEATURES))
+def test_every_feature_is_reachable(feature):
+    strat = cases(dtypes=tuple(DTYPES), features=ALL_FEATURES | OPT_IN_FEATURES)
+    case = find(strat, lambda c: feature in features_of(c), settings=FIND)
+    # Shrunk to the feature alone, plus at most the one it needs (a mask kind for
+    # mask_broadcast, bias for neginf_first_tile, causal or window for bottom_right).
+    extra = features_of(case) - {feature}
+    assert len(extra) <= 1 and extra <= PREREQUISITES.get(feature, set()), extra
+
+
+def test_zero_length_keys_and_mqa_are_reachable():
+    zero = find(cases(), lambda c: c.mask["kind"] == "key_padding"
+                and 0 in c.mask["lengths"], settings=FIND)
+    assert zero.materialize().attn_mask[zero.mask["lengths"].index(0)].any().item() is False
+    mqa = find(cases(), lambda c: c.Hkv == 1 and c.Hq > 1, settings=FIND)
+    assert mqa.config_key()["gqa"] == "mqa"
+
+
+# -- fixed sweeps ---------------------------------------------------------------------------
+
+def _coverage(sweep) -> dict[str, set]:
+    cov: dict[str, set] = {"feature": set(), "dist": set(), "grad_dist": set(), "dtype": set(),
+                           "layout": set(), "D": set(), "N": set(), "causal": set(),
+                           "mask": set(), "gqa": set(), "dtype×dist": set()}
+    for c in sweep:
+        key = c.config_key()
+        cov["feature"] |= features_of(c)
+        cov["dist"].add(c.dist["kind"])
+        cov["grad_dist"].add(c.grad_dist["kind"])
+        cov["dtype"].add(c.dtype)
+        cov["layout"].add(c.layout)
+        for k in ("D", "N", "causal", "mask", "gqa"):
+            cov[k].add(key[k])
+        cov["dtype×dist"].add((c.dtype, c.dist["kind"]))
+    return cov
+
+
+def test_cpu_sweep_covers_everything():
+    sweep = fixed_sweep("cpu")
+    assert 40 <= len(sweep) <= 80
+    cov = _coverage(sweep)
+    assert cov["feature"] == ALL_FEATURES
+    assert cov["dist"] == set(DIST_KINDS) and cov["grad_dist"] == set(GRAD_DIST_KINDS)
+    assert cov["dtype"] == set(DTYPES) and cov["layout"] == set(LAYOUTS)
+    assert cov["dtype×dist"] == {(t, d) for t in DTYPES for d in DIST_KINDS}
+    assert cov["D"] == {d_bucket(x) for x in (1, 33, 65, 129)}
+    assert cov["N"] >= {"1-16", "17-128", "129-1024"}
+    assert cov["causal"] >= {"none", "top_left", "bottom_right", "window"}
+    assert cov["mask"] == {"none", "key_padding", "random", "block_sparse", "bias",
+                           "dead_rows"}
+    assert cov["gqa"] == {"mha", "gqa", "mqa"}
+    assert any(c.Nq == 1 for c in sweep) and any(c.D % 2 for c in sweep)
+    assert any(c.mask["kind"] == "key_padding" and 0 in c.mask["lengths"] for c in sweep)
+    assert max(max(c.Nq, c.Nk) for c in sweep) <= 256  # interpreter-sized
+
+
+def test_cpu_sweep_materializes_finite():
+    for case in fixed_sweep("cpu"):
+        inp = case.materialize()
+        for t in (inp.query, inp.key, inp.value, inp.grad_out):
+            assert torch.isfinite(t).all(), case.short()
+
+
+def test_gpu_sweep_is_larger_and_covers_everything():
+    sweep = fixed_sweep("gpu")
+    assert 250 <= len(sweep) <= 350
+    cov = _coverage(sweep)
+    assert cov["feature"] == ALL_FEATURES | {"tf32"}
+    assert cov["dist"] == set(DIST_KINDS) and cov["dtype"] == set(DTYPES)
+    assert cov["N"] == {n_bucket(x) for x in (1, 17, 129, 1025)}
+    assert cov["D"] == {d_bucket(x) for x in (1, 33, 65, 129)}
+    assert max(max(c.Nq, c.Nk) for c in sweep) == 2048
+    assert max(c.D for c in sweep) == 256
+
+
+def test_sweeps_are_deterministic_and_distinct():
+    for profile in ("cpu", "gpu"):
+        a, b = fixed_sweep(profile), fixed_sweep(profile)
+        assert [c.to_json() for c in a] == [c.to_json() for c in b]
+        assert len({c.to_json() for c in a}) == len(a)
+
+
+def test_fixed_sweep_rejects_unknown_profile():
+    with pytest.raises(ValueError, match="profile"):
+        fixed_sweep("tpu")
