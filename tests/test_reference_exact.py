@@ -1,4 +1,5 @@
-"""Tests of the float64 oracle ``reference.attention_fp64`` and of ``reference.masks``.
+"""Tests of the float64 oracle ``reference.attention_fp64``, of ``reference.masks`` and of
+the textbook ``reference.naive_attention``.
 
 - against mpmath at 50 digits on tiny problems (moderate and huge logits, masks, -inf
   biases, dead rows), to 1e-12 relative;
@@ -6,10 +7,14 @@
 - agreement with PyTorch's SDPA in float64 where SDPA defines the same thing;
 - chunking invariance, and the no-grad path equal to the autograd path;
 - fully-masked rows: 0 output, -inf lse, zero gradients, no NaN;
-- ``structural_mask`` against its definition, element by element.
+- ``structural_mask`` against its definition, element by element;
+- ``naive_attention`` (every upcast/reorder_ops variant) on float64 inputs equals the oracle,
+  and its dead rows and gradients behave the same.
 """
 
 from __future__ import annotations
+
+import math
 
 import mpmath
 import pytest
@@ -170,8 +175,9 @@ DEAD_ROW_CASES = {
 }
 
 
+@pytest.mark.parametrize("oracle", ["fp64", "naive"])
 @pytest.mark.parametrize("case", DEAD_ROW_CASES.values(), ids=DEAD_ROW_CASES.keys())
-def test_fully_masked_rows(case):
+def test_fully_masked_rows(case, oracle):
     knobs = dict(B=1, Hq=2, Hkv=2, Nq=5, Nk=5, D=3, seed=7)
     knobs.update(case)
     kw = make_problem(**knobs)
@@ -179,8 +185,12 @@ def test_fully_masked_rows(case):
     out, lse = reference.attention_fp64(q, k, v, **kw, return_lse=True)
     dead = lse == -torch.inf
     assert dead.any(), "the case must produce a fully-masked row"
+    loss = out.sum() + lse[~dead].sum()
+    if oracle == "naive":
+        out = reference.naive_attention(q, k, v, **kw)
+        loss = out.sum()
     assert (out[dead] == 0).all()
-    (out.sum() + lse[~dead].sum()).backward()
+    loss.backward()
     for t in (q, k, v):
         assert torch.isfinite(t.grad).all()
     assert (q.grad[dead] == 0).all()
@@ -204,3 +214,34 @@ def test_structural_mask_definition(Nq, Nk, is_causal, align, window):
                 want = want and (left == -1 or j >= i + off - left)
                 want = want and (right == -1 or j <= i + off + right)
             assert bool(m[i, j]) == want, (i, j)
+
+
+@given(
+    kw=tiny_problems(max_n=12, max_d=6), upcast=st.booleans(), reorder_ops=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_naive_float64_matches_oracle(kw, upcast, reorder_ops, seed):
+    g = torch.Generator().manual_seed(seed)
+    dout = torch.randn(kw["query"].shape, generator=g, dtype=torch.float64)
+    leaves = [kw.pop(n).requires_grad_(True) for n in ("query", "key", "value")]
+    want = reference.attention_fp64(*leaves, **kw)
+    got = reference.naive_attention(*leaves, **kw, upcast=upcast, reorder_ops=reorder_ops)
+    assert got.dtype == torch.float64
+    # Same float64 sums in another order (<= 12 terms): far below the oracle target.
+    atol = ORACLE_RTOL * leaves[2].abs().max().item()
+    torch.testing.assert_close(got, want, rtol=0, atol=atol)
+    for a, b in zip(torch.autograd.grad(got, leaves, dout), torch.autograd.grad(want, leaves, dout),
+                    strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=ORACLE_RTOL * max(b.abs().max().item(), 1.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_naive_same_dtype_computes_in_input_dtype(dtype):
+    """upcast=False keeps every intermediate in the input dtype: q·scale then q·kᵀ rounded."""
+    kw = make_problem(B=1, Hq=1, Hkv=1, Nq=6, Nk=8, D=5, seed=4, dtype=dtype)
+    q, k, v = kw["query"], kw["key"], kw["value"]
+    scores = torch.matmul(q * (1 / math.sqrt(5)), k.transpose(-2, -1))
+    want = torch.matmul(torch.softmax(scores, dim=-1), v)
+    got = reference.naive_attention(q, k, v, upcast=False)
+    assert got.dtype == dtype
+    assert torch.equal(got, want)

@@ -15,6 +15,9 @@ import reference
 
 ORACLES = {
     "attention_fp64": reference.attention_fp64,
+    "online_exact": lambda **kw: reference.online_attention(**kw, precision="exact"),
+    "online_emulate": reference.online_attention,
+    "naive": reference.naive_attention,
 }
 
 
@@ -77,6 +80,43 @@ BAD = [
 def test_bad_input_names_argument(oracle, over, exc, arg):
     with pytest.raises(exc, match=rf"^{arg}: "):
         oracle(**_good(**over))
+
+
+ONLINE_BAD = [
+    ("block_m_zero", dict(block_m=0), "block_m"),
+    ("block_n_negative", dict(block_n=-1), "block_n"),
+    ("block_m_float", dict(block_m=2.5), "block_m"),
+    ("order_unknown", dict(order="fa3"), "order"),
+    ("precision_unknown", dict(precision="half"), "precision"),
+]
+
+
+@pytest.mark.parametrize("over, arg", [b[1:] for b in ONLINE_BAD], ids=[b[0] for b in ONLINE_BAD])
+def test_online_bad_options_name_argument(over, arg):
+    with pytest.raises(ValueError, match=rf"^{arg}: "):
+        reference.online_attention(**_good(**over))
+
+
+@pytest.mark.parametrize(
+    "kwargs, arg",
+    [
+        (dict(D=0, N=4, score_abs_max=1.0, v_abs_max=1.0), "D"),
+        (dict(D=4, N=0, score_abs_max=1.0, v_abs_max=1.0), "N"),
+        (dict(D=4, N=4, score_abs_max=math.nan, v_abs_max=1.0), "score_abs_max"),
+        (dict(D=4, N=4, score_abs_max=1.0, v_abs_max=-1.0), "v_abs_max"),
+        (dict(D=4, N=4, score_abs_max=1.0, v_abs_max=1.0, bias_abs_max=math.inf),
+         "bias_abs_max"),
+    ],
+    ids=["D", "N", "score_nan", "v_negative", "bias_inf"],
+)
+def test_error_bound_bad_input(kwargs, arg):
+    with pytest.raises(ValueError, match=rf"^{arg}: "):
+        reference.emulate_error_bound("float16", **kwargs)
+
+
+def test_error_bound_bad_dtype():
+    with pytest.raises(ValueError, match=r"^dtype: "):
+        reference.emulate_error_bound("int8", D=4, N=4, score_abs_max=1.0, v_abs_max=1.0)
 
 
 @pytest.mark.parametrize(
