@@ -1,0 +1,242 @@
+"""Speed of the Triton kernels beside PyTorch's attention kernels (GPU only).
+
+``python -m kernels.bench [--quick] [--out DIR] [--budget-s S]``; ``flashcheck bench`` calls
+:func:`main` with its own argv. In one process, per configuration (dtype in bf16/fp16, D in
+64/128, causal or not, N in 1K/4K/16K at a fixed B*H*N = 2^20 tokens, H = 16), it times:
+
+- this package's FA2 kernel (``kernels.attention``): forward, backward, forward+backward;
+- SDPA with the flash, cuDNN and efficient backends (``torch.nn.attention.sdpa_kernel``);
+- FlexAttention, compiled once per shape with ``torch.compile(dynamic=False)``; the dynamo
+  recompile limits are raised so it never silently falls back to eager, and a row whose
+  call did not compile a new graph is marked.
+
+Figures: median time from ``triton.testing.do_bench``; TFLOP/s with the standard count
+4*B*H*Nq*Nk*D (x0.5 causal; backward x2.5; forward+backward x3.5); peak memory of one
+forward+backward (``torch.cuda.max_memory_allocated`` after a reset, minus the inputs).
+Output: ``bench_<gpu>.json`` and ``bench_<gpu>.md`` under ``--out`` (default
+docs/benchmarks) with the GPU name, driver and versions.
+
+Caveats: a peer that fails or is unsupported becomes a row "n/a: reason"; configurations
+not reached within ``--budget-s`` (default 330 s, so that the whole run stays near 6
+minutes including start-up) become "n/a: skipped (time budget)". The first call of each
+(dtype, D, causal) pays the autotuning and compilation of the Triton kernels; it is made
+before timing and is not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+TOKENS = 1 << 20  # B * H * N, fixed so that N = 16K still fits and every row does equal work
+HEADS = 16
+PASSES = ("fwd", "bwd", "fwd+bwd")
+PEERS = ("triton-fa2", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex")
+
+
+def flops(B: int, H: int, Nq: int, Nk: int, D: int, causal: bool, pass_: str) -> float:
+    """The standard attention FLOP count: 2 matmuls of 2*Nq*Nk*D each per head forward,
+    halved when causal; the backward does 2.5x the forward's work (5 matmuls, one of which
+    FA recomputes)."""
+    f = 4.0 * B * H * Nq * Nk * D * (0.5 if causal else 1.0)
+    return f * {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}[pass_]
+
+
+def configurations(quick: bool) -> list[dict]:
+    """Benchmark configurations, most important first (bf16, D=128, N=4K)."""
+    out = []
+    for n in (4096, 16384, 1024):
+        for d in (128, 64):
+            for dtype in ("bfloat16", "float16"):
+                for causal in (False, True):
+                    out.append(dict(dtype=dtype, D=d, causal=causal, N=n,
+                                    B=TOKENS // (HEADS * n), H=HEADS))
+    if quick:
+        out = [c for c in out if c["N"] == 4096 and c["D"] == 128]
+    return out
+
+
+def format_table(rows: list[dict], meta: dict) -> str:
+    """Markdown table of benchmark rows (one row per configuration, peer and pass)."""
+    head = [f"# Attention benchmark on {meta.get('gpu', '?')}", "",
+            f"driver {meta.get('driver', '?')}, torch {meta.get('torch', '?')}, "
+            f"triton {meta.get('triton', '?')}; B*H*N = {TOKENS}, H = {HEADS}; "
+            "TFLOP/s = 4*B*H*N^2*D (x0.5 causal, x2.5 bwd, x3.5 fwd+bwd) / median time.", "",
+            "| dtype | D | causal | N | B | impl | pass | ms | TFLOP/s | peak MiB | note |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = []
+    for r in rows:
+        ms = f"{r['ms']:.3f}" if r.get("ms") is not None else "n/a"
+        tf = f"{r['tflops']:.1f}" if r.get("tflops") is not None else "n/a"
+        mem = f"{r['peak_mib']:.0f}" if r.get("peak_mib") is not None else ""
+        lines.append(f"| {r['dtype']} | {r['D']} | {'yes' if r['causal'] else 'no'} | "
+                     f"{r['N']} | {r['B']} | {r['impl']} | {r['pass']} | {ms} | {tf} | {mem} | "
+                     f"{r.get('note', '')} |")
+    return "\n".join(head + lines) + "\n"
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_").lower() or "gpu"
+
+
+def write_outputs(rows: list[dict], meta: dict, out_dir: str | Path) -> tuple[Path, Path]:
+    """Write ``bench_<gpu>.json`` and ``bench_<gpu>.md``; returns their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"bench_{_slug(meta.get('gpu', 'gpu'))}"
+    jp, mp = out / f"{stem}.json", out / f"{stem}.md"
+    jp.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    mp.write_text(format_table(rows, meta))
+    return jp, mp
+
+
+def na_rows(cfg: dict, impl: str, reason: str) -> list[dict]:
+    return [dict(cfg, impl=impl, **{"pass": p}, ms=None, tflops=None, peak_mib=None,
+                 note=f"n/a: {reason}") for p in PASSES]
+
+
+# ----------------------------------------------------------------------------- GPU side
+
+
+def _meta() -> dict:
+    import triton
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,"
+                                 "noheader"], capture_output=True, text=True, timeout=20
+                                ).stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        driver = "unknown"
+    return {"gpu": torch.cuda.get_device_name(), "driver": driver, "torch": torch.__version__,
+            "triton": triton.__version__, "cuda": torch.version.cuda,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def _peer_fn(impl: str, causal: bool, q):
+    """A callable (q, k, v) -> out for one peer, plus a note; raises if unavailable."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if impl == "triton-fa2":
+        from kernels import attention
+        return (lambda a, b, c: attention(a, b, c, is_causal=causal)), ""
+    if impl.startswith("sdpa-"):
+        backend = {"sdpa-flash": SDPBackend.FLASH_ATTENTION,
+                   "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
+                   "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION}[impl]
+
+        def run(a, b, c):
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(a, b, c, is_causal=causal)
+        return run, ""
+    if impl == "flex":
+        import torch._dynamo
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
+        if hasattr(torch._dynamo.config, "recompile_limit"):
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
+        if hasattr(torch._dynamo.config, "accumulated_recompile_limit"):
+            torch._dynamo.config.accumulated_recompile_limit = max(
+                torch._dynamo.config.accumulated_recompile_limit, 4096)
+        compiled = torch.compile(flex_attention, dynamic=False)
+        block_mask = None
+        if causal:
+            N = q.shape[2]
+            block_mask = create_block_mask(lambda b, h, qi, kv: qi >= kv, None, None, N, N,
+                                           device=q.device)
+        return (lambda a, b, c: compiled(a, b, c, block_mask=block_mask)), ""
+    raise ValueError(f"unknown impl {impl!r}")
+
+
+def _compiled_graphs() -> int:
+    from torch._dynamo.utils import counters
+    return int(counters["stats"]["unique_graphs"])
+
+
+def _bench_one(cfg: dict, impl: str) -> list[dict]:
+    from triton.testing import do_bench
+    dtype = getattr(torch, cfg["dtype"])
+    B, H, N, D = cfg["B"], cfg["H"], cfg["N"], cfg["D"]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype, generator=gen)
+               .requires_grad_() for _ in range(3))
+    do = torch.randn(B, H, N, D, device="cuda", dtype=dtype, generator=gen)
+    fn, note = _peer_fn(impl, cfg["causal"], q)
+    graphs = _compiled_graphs()
+    out = fn(q, k, v)  # warm-up: autotuning / compilation, not timed
+    out.backward(do)
+    torch.cuda.synchronize()
+    if impl == "flex" and _compiled_graphs() <= graphs:
+        note = "not verified compiled: no new dynamo graph for this shape"
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn(q, k, v)
+    out.backward(do)
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    grads = [q, k, v]
+    t_f = do_bench(lambda: fn(q, k, v), return_mode="median")
+    out = fn(q, k, v)
+    t_b = do_bench(lambda: out.backward(do, retain_graph=True), grad_to_none=grads,
+                   return_mode="median")
+    t_fb = do_bench(lambda: fn(q, k, v).backward(do), grad_to_none=grads, return_mode="median")
+    rows = []
+    for p, t in zip(PASSES, (t_f, t_b, t_fb), strict=True):
+        tf = flops(B, H, N, N, D, cfg["causal"], p) / (t * 1e-3) / 1e12
+        rows.append(dict(cfg, impl=impl, **{"pass": p}, ms=t, tflops=tf, peak_mib=peak,
+                         note=note))
+    return rows
+
+
+def run(configs: list[dict], budget_s: float, log=print) -> list[dict]:
+    rows: list[dict] = []
+    t0 = time.monotonic()
+    for cfg in configs:
+        for impl in PEERS:
+            if time.monotonic() - t0 > budget_s:
+                rows += na_rows(cfg, impl, "skipped (time budget)")
+                continue
+            try:
+                got = _bench_one(cfg, impl)
+            except Exception as e:  # a peer that fails must not stop the others
+                reason = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+                got = na_rows(cfg, impl, reason)
+            rows += got
+            torch.cuda.empty_cache()
+            tf = got[2]["tflops"]
+            log(f"{cfg['dtype']:8s} D={cfg['D']:3d} causal={cfg['causal']!s:5s} N={cfg['N']:5d} "
+                f"{impl:15s} fwd+bwd {'n/a' if tf is None else f'{tf:.1f}'} TFLOP/s "
+                f"{got[2]['note']}")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="kernels.bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="docs/benchmarks", help="output directory")
+    ap.add_argument("--quick", action="store_true", help="D=128, N=4K only (4 configurations)")
+    ap.add_argument("--budget-s", type=float, default=330.0,
+                    help="stop starting new rows after this many seconds (default 330)")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("kernels.bench needs a CUDA GPU (none found)", file=sys.stderr)
+        return 2
+    if not math.isfinite(args.budget_s) or args.budget_s <= 0:
+        print("--budget-s must be > 0", file=sys.stderr)
+        return 2
+    meta = _meta()
+    meta["quick"] = args.quick
+    rows = run(configurations(args.quick), args.budget_s)
+    jp, mp = write_outputs(rows, meta, args.out)
+    print(f"wrote {jp} and {mp}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""The benchmark's CPU-testable parts: the FLOP count, the configuration list, the table and
+file writer (the timing itself needs a GPU and runs there)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kernels import bench
+
+
+@pytest.mark.parametrize("causal, pass_, want", [
+    (False, "fwd", 4 * 2 * 3 * 5 * 7 * 11),
+    (True, "fwd", 2 * 2 * 3 * 5 * 7 * 11),
+    (False, "bwd", 2.5 * 4 * 2 * 3 * 5 * 7 * 11),
+    (True, "fwd+bwd", 3.5 * 2 * 2 * 3 * 5 * 7 * 11),
+])
+def test_flops(causal, pass_, want):
+    assert bench.flops(2, 3, 5, 7, 11, causal, pass_) == want
+
+
+@pytest.mark.parametrize("quick, n", [(False, 24), (True, 4)])
+def test_configurations(quick, n):
+    cfgs = bench.configurations(quick)
+    assert len(cfgs) == n
+    assert all(c["B"] * c["H"] * c["N"] == bench.TOKENS for c in cfgs)
+    assert cfgs[0] == dict(dtype="bfloat16", D=128, causal=False, N=4096, B=16, H=16)
+    assert len({tuple(sorted(c.items())) for c in cfgs}) == n
+
+
+def test_table_and_files(tmp_path):
+    cfg = dict(dtype="bfloat16", D=128, causal=True, N=4096, B=16, H=16)
+    ms = 2.0
+    tf = bench.flops(16, 16, 4096, 4096, 128, True, "fwd") / (ms * 1e-3) / 1e12
+    rows = [dict(cfg, impl="triton-fa2", **{"pass": "fwd"}, ms=ms, tflops=tf, peak_mib=512.0,
+                 note="")] + bench.na_rows(cfg, "sdpa-cudnn", "RuntimeError: no kernel")
+    meta = {"gpu": "NVIDIA H200", "driver": "570.1", "torch": "2.11", "triton": "3.6"}
+    jp, mp = bench.write_outputs(rows, meta, tmp_path)
+    assert jp.name == "bench_nvidia_h200.json" and mp.name == "bench_nvidia_h200.md"
+    assert json.loads(jp.read_text()) == {"meta": meta, "rows": rows}
+    md = mp.read_text().splitlines()
+    assert "NVIDIA H200" in md[0] and "570.1" in md[2]
+    body = [line for line in md if line.startswith("| bfloat16")]
+    assert body[0] == (f"| bfloat16 | 128 | yes | 4096 | 16 | triton-fa2 | fwd | 2.000 | "
+                       f"{tf:.1f} | 512 |  |")
+    assert len(body) == 4 and all("n/a: RuntimeError: no kernel" in b for b in body[1:])
+
+
+def test_main_without_gpu_is_an_environment_error(capsys):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert bench.main(["--quick"]) == 2
+    assert "CUDA" in capsys.readouterr().err
