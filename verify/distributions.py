@@ -11,13 +11,14 @@ Kinds for q, k, v (``DIST_KINDS``):
 - ``normal`` (``sigma``): N(0, sigma^2) elementwise.
 - ``uniform`` (``a``): U(-a, a) elementwise.
 - ``outliers`` (``p``, ``outlier_sigma``): FlashAttention-3's N(0,1) + N(0,100)·Bernoulli(0.001).
-  We read N(0, 100) as variance 100, i.e. standard deviation 10: the FA3 paper (§4.3) spells
-  it out as "for 0.1% of entries, we add an independent term that's normally distributed
-  with standard deviation 10". ``outlier_sigma`` defaults to 10.0 and ``p`` to 0.001.
+  We read N(0, 100) in the usual N(mean, variance) convention: the added term has standard
+  deviation 10, which is also how the FA3 paper (§4.3, numerical error) describes it in
+  words. ``outlier_sigma`` (a standard deviation) defaults to 10.0 and ``p`` to 0.001.
 - ``large_logits`` (``target``): q and k are N(0,1) multiplied by one common factor chosen
-  so that the largest |scale · q·k| over the whole problem equals ``target`` (before the
-  rounding to the case dtype). With target 1e4 the scores overflow exp() in any float format
-  unless the row maximum is subtracted first. v is N(0,1).
+  so that the largest |scale · q·k| over the whole problem equals ``target`` (up to the
+  factor's rounding to 3 significant digits and the rounding to the case dtype). With
+  target 1e4 the scores overflow exp() in any float format unless the row maximum is
+  subtracted first. v is N(0,1).
 - ``tiny`` (``factor``): q, k, v are N(0,1) · factor · smallest-normal(dtype). For fp16
   (smallest normal 6.1e-5) and for bf16/fp32 (1.18e-38) about 68% of the elements then land
   below the smallest normal, i.e. are subnormal (|N(0,1)| < 1 with probability 0.68).
@@ -35,8 +36,9 @@ Kinds for dO (``GRAD_DIST_KINDS``): ``normal``, ``uniform``, ``outliers``, ``tin
 above, and ``constant`` (``value``): every element equal to ``value``.
 
 Caveats: the draws use torch's CPU generator (``torch.Generator`` seeded per stream). They
-are bit-identical across runs and machines for a given torch version; torch does not promise
-that ``randn``'s CPU algorithm never changes across releases, so a case replayed under a
+are bit-identical across runs and machines for a given torch version (factors derived
+from a matmul are rounded to 3 significant digits first, see :func:`_coarse`); torch does
+not promise that ``randn``'s CPU algorithm never changes across releases, so a case replayed under a
 different torch may draw different (equally distributed) values — record the version with
 a failure.
 """
@@ -159,6 +161,19 @@ def _group_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tenso
     return (q @ kk.transpose(-1, -2)) * scale
 
 
+def _coarse(x: float, *, up: bool = False) -> float:
+    """``x`` rounded to 3 significant digits (upward if ``up``).
+
+    The factors that large_logits and dominant derive from a matmul go through this: BLAS
+    may sum in a different order on another machine, moving the float64 result in its last
+    bits; on a 3-digit grid that changes the factor only if the result sits within ~1e-16
+    relative of a grid point, so the drawn tensors stay bit-identical across machines.
+    """
+    e = math.floor(math.log10(x)) - 2
+    m = x / 10.0**e
+    return (math.ceil(m) if up else round(m)) * 10.0**e
+
+
 def draw_qkv(
     d: dict, *, B: int, Hq: int, Hkv: int, Nq: int, Nk: int, D: int,
     dtype: torch.dtype, scale: float, seed: int,
@@ -174,7 +189,7 @@ def draw_qkv(
     v = torch.randn(ks, generator=gv, dtype=torch.float64)
     if kind == "large_logits":
         peak = _group_scores(q, k, scale).abs().max().item()
-        c = math.sqrt(d["target"] / peak)
+        c = _coarse(math.sqrt(d["target"] / peak))
         return q * c, k * c, v
     if kind == "ties":
         protos = torch.randn((B, Hkv, d["groups"], D), generator=ga, dtype=torch.float64)
@@ -200,7 +215,9 @@ def draw_qkv(
         others = others.masked_fill(~keep[:, :, None, :], -math.inf)
         best_other = others.amax(dim=(2, 3)).clamp(min=0.0)  # (B, Hkv); -inf when Nk == 1
         # score(i, star) = scale * gamma * (q_i . u) = scale * gamma.
-        gamma = (best_other + d["margin"]) / scale
+        gamma = ((best_other + d["margin"]) / scale).tolist()
+        gamma = torch.tensor([[_coarse(x, up=True) for x in row] for row in gamma],
+                             dtype=torch.float64)
         k[b_idx, h_idx, star] = gamma[..., None] * u
         return q, k, v
     if kind == "constant_rows":
