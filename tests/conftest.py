@@ -7,13 +7,23 @@ Example budgets live in named profiles, selected with ``--hypothesis-profile=NAM
 - ``ci``: the CPU suite under the Triton interpreter; derandomized so CI is repeatable.
 - ``gpu``: the CUDA suite; more and larger examples.
 - ``fuzz``: long campaigns.
+
+On a machine without CUDA, ``TRITON_INTERPRET=1`` is put into the environment here (unless
+already set), before any test module imports a kernel: Triton reads it when ``@triton.jit``
+decorates a function, so it must be set before ``kernels`` is first imported. tox sets it
+too; this makes a bare ``pytest`` on a CPU-only machine behave the same.
 """
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
 

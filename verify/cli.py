@@ -132,7 +132,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     records = run_cases(kernel, sweep, device, kernel_spec=args.kernel,
                         failures_dir=out / "failures", what=f"run[{profile}]",
                         quiet=args.quiet)
-    header = R.make_header(kernel=args.kernel, device=device, profile=profile)
+    header = R.make_header(kernel=args.kernel, device=device, command=args.argv,
+                           profile=profile)
     rep = R.build_report(records, header=header)
     paths = R.write_report(rep, out)
     print(R.render_terminal_table(rep))
@@ -185,7 +186,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     kernel = _resolve(args.kernel, device)
     return gate.run_gate(kernel, kernel_spec=args.kernel, device=device, profile=profile,
                          budgets_path=budgets, corpus=corpus, update=args.update,
-                         out=Path(args.out), quiet=args.quiet)
+                         out=Path(args.out), quiet=args.quiet, command=args.argv)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -321,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
             args = parser.parse_args(argv)
         except SystemExit as e:  # --help, --version, or a usage error already printed
             return e.code if isinstance(e.code, int) else 2
+        args.argv = ["flashcheck", *argv]
         if args.command is None:
             parser.print_help()
             return 2

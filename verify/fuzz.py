@@ -12,7 +12,8 @@ Hypothesis shrinks it, and the final (shrunk) example is re-checked and written 
 - The example database is ``DIR/hypothesis-db`` (``DirectoryBasedExampleDatabase``): a rerun
   with the same DIR first replays what failed before.
 - ``seed`` fixes Hypothesis's random choices (``hypothesis.seed``), so the same seed, kernel
-  and device give the same campaign (with a fresh DIR: the database replays come first).
+  and device give the same campaign. A seeded run does not use the database (Hypothesis's
+  own rule for ``@seed``: replaying saved examples first would change the sequence).
 - ``keep_going``: after a failure, the campaign restarts and treats failures of an already
   recorded kind (failure class + worst tensor + configuration) as uninteresting, so every
   recorded failure is distinct and shrunk, until the budget ends.
@@ -58,11 +59,18 @@ class _Found(AssertionError):
 
 
 def signature(case: Any, verdict: Any) -> tuple[str, str, str]:
-    """What makes two failures the same: failure class, worst tensor, configuration."""
-    worst = "-"
-    if verdict.tensors:
-        worst = max(verdict.tensors, key=lambda n: R._ratio_key(verdict.tensors[n].ratio))
-    return (str(verdict.failure), worst, R.config_label(case.config_key()))
+    """What makes two failures the same: failure class, worst tensor, configuration.
+
+    ``verdict`` is a Verdict or its ``to_dict()`` (as stored in a case file).
+    """
+    if isinstance(verdict, dict):
+        failure = verdict.get("failure")
+        ratios = {n: t.get("ratio") for n, t in (verdict.get("tensors") or {}).items()}
+    else:
+        failure = verdict.failure
+        ratios = {n: t.ratio for n, t in verdict.tensors.items()}
+    worst = max(ratios, key=lambda n: R._ratio_key(ratios[n])) if ratios else "-"
+    return (str(failure), worst, R.config_label(case.config_key()))
 
 
 def draw_dtypes(capabilities: dict, device: str, requested: list[str] | None) -> tuple[str, ...]:
@@ -202,8 +210,8 @@ class Campaign:
         print(f"fuzz: kernel {self.kernel_spec} on {self.device}; dtypes "
               f"{', '.join(self.draw_dtypes)}; N <= {self.max_n}; "
               + (f"{self.examples} examples" if self.examples else f"{self.minutes} min")
-              + (f"; seed {self.seed}" if self.seed is not None else "")
-              + f"; database {self.out / 'hypothesis-db'}")
+              + (f"; seed {self.seed} (no example database)" if self.seed is not None
+                 else f"; database {self.out / 'hypothesis-db'}"))
         round_no = 0
         with Progress(what, self.examples, budget_s=None if deadline is None
                       else deadline - t0, quiet=self.quiet) as bar:

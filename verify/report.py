@@ -475,7 +475,7 @@ def _finite_pos(*xs: Any) -> bool:
 
 def _fig_png(fig) -> str:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=90)
     import matplotlib.pyplot as plt
 
     plt.close(fig)
@@ -504,8 +504,10 @@ def render_plots(report: Mapping[str, Any]) -> dict[str, str]:
                        strict=False))
     plots: dict[str, str] = {}
 
-    fig, axes = plt.subplots(1, len(tensors), figsize=(3.4 * len(tensors), 3.0),
-                             squeeze=False, sharey=False)
+    fig, axes = plt.subplots(1, len(tensors), figsize=(3.4 * len(tensors), 3.2),
+                             squeeze=False)
+    # Fixed margins: constrained/tight layout costs extra draws, and the panels are uniform.
+    fig.subplots_adjust(left=0.06, right=0.99, bottom=0.17, top=0.9, wspace=0.3)
     for ax, name in zip(axes[0], tensors, strict=True):
         for dt in dtypes:
             sel = [p for p in pts if p["tensor"] == name and p["dtype"] == dt
@@ -531,6 +533,7 @@ def render_plots(report: Mapping[str, Any]) -> dict[str, str]:
         if not sel:
             continue
         fig, ax = plt.subplots(figsize=(5.2, 4.2))
+        fig.subplots_adjust(left=0.16, right=0.97, bottom=0.13, top=0.92)
         for name in tensors:
             s = [p for p in sel if p["tensor"] == name]
             if s:

@@ -1,0 +1,313 @@
+"""Tests of the ``flashcheck`` command line.
+
+Usage errors are checked in-process through ``main(argv)`` (exit 2, one line on stderr, no
+traceback) and once through a real subprocess. The working commands run against small
+pure-PyTorch kernels written into the test's temporary directory (fast, and no Triton), with
+``fixed_sweep`` replaced by a three-case sweep where a whole sweep would be too slow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from verify import cli
+from verify.cases import Case, load_case_file, save_case_file, save_tensors
+from verify.fuzz import signature
+
+KERNELS = textwrap.dedent("""
+    import torch
+    import torch.nn.functional as F
+
+
+    def good(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+             enable_gqa=False):
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
+                                              is_causal=is_causal, scale=scale,
+                                              enable_gqa=enable_gqa)
+
+
+    def long_rows_off(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                      scale=None, enable_gqa=False):
+        # Wrong by 1% once there are more than 8 query rows: a bug the shrinker should
+        # pin to Nq = 9.
+        out = good(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        return out * 1.01 if query.shape[-2] > 8 else out
+
+    not_callable = 3
+""")
+
+
+@pytest.fixture
+def kfile(tmp_path) -> Path:
+    p = tmp_path / "kern.py"
+    p.write_text(KERNELS)
+    return p
+
+
+@pytest.fixture(autouse=True)
+def _keep_env(monkeypatch):
+    """``main`` sets TRITON_INTERPRET for --device cpu; restore it after each test."""
+    monkeypatch.setenv("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET", "1"))
+
+
+SMALL = Case(B=1, Hq=2, Hkv=2, Nq=12, Nk=12, D=16, dtype="float32", seed=3)
+TINY = Case(B=1, Hq=2, Hkv=2, Nq=5, Nk=7, D=8, dtype="float32", is_causal=True, seed=4)
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+# --------------------------------------------------------------------------- usage errors
+
+
+def _bad_json(tmp_path):
+    p = tmp_path / "bad.json"
+    p.write_text('{"format": "flashcheck-case", "version": 1, "case": {"B": 1')
+    return [str(p)]
+
+
+def _bad_case_field(tmp_path):
+    p = tmp_path / "bad_field.json"
+    doc = {"format": "flashcheck-case", "version": 1, "case": {**SMALL.to_dict(), "D": 0}}
+    p.write_text(json.dumps(doc))
+    return [str(p)]
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["run", "--kernel", "no_such_kernel", "--device", "cpu"], "no_such_kernel"),
+    (["run", "--kernel", "{kfile}:missing", "--device", "cpu"], "missing"),
+    (["run", "--kernel", "{tmp}/nofile.py:attention", "--device", "cpu"], "nofile.py"),
+    (["repro", "{bad_json}", "--kernel", "{kfile}:good", "--device", "cpu"], "JSON"),
+    (["repro", "{bad_field}", "--kernel", "{kfile}:good", "--device", "cpu"], "D must be"),
+    (["repro", "{tmp}/absent.json", "--device", "cpu"], "absent.json"),
+    (["repro", "--device", "cpu"], "exactly one"),
+    (["fuzz", "--kernel", "online", "--examples", "0"], "--examples"),
+    (["fuzz", "--kernel", "online", "--minutes", "-1"], "--minutes"),
+    (["fuzz", "--kernel", "online", "--minutes", "nan"], "--minutes"),
+    (["fuzz", "--kernel", "online", "--examples", "5", "--minutes", "1"], "not allowed"),
+    (["fuzz", "--kernel", "online", "--seed", "-3"], "--seed"),
+    (["fuzz", "--device", "cpu"], "--kernel"),
+    (["run", "--device", "tpu"], "--device"),
+    (["gate", "--kernel", "online", "--device", "cpu", "--budgets", "{tmp}/none.json"],
+     "none.json"),
+    (["compare", "{bad_json}"], "report file"),
+    (["nonsense"], "invalid choice"),
+])
+def test_usage_errors_exit_2_with_one_line(argv, needle, tmp_path, kfile, capsys):
+    subst = {"kfile": kfile, "tmp": tmp_path, "bad_json": _bad_json(tmp_path)[0],
+             "bad_field": _bad_case_field(tmp_path)[0]}
+    argv = [a.format(**subst) for a in argv]
+    assert cli.main(argv) == 2
+    assert needle in _one_line_error(capsys)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_asked_where_there_is_none(capsys):
+    assert cli.main(["run", "--device", "cuda"]) == 2
+    assert "no CUDA device" in _one_line_error(capsys)
+
+
+def test_subprocess_usage_error_has_no_traceback():
+    r = subprocess.run([sys.executable, "-m", "verify", "fuzz", "--kernel", "nope:x",
+                        "--examples", "3", "--device", "cpu"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+# --------------------------------------------------------------------------- repro
+
+
+@pytest.mark.parametrize(("attr", "case", "rc"), [
+    ("good", SMALL, 0), ("long_rows_off", SMALL, 1), ("long_rows_off", TINY, 0)])
+def test_repro_exit_status(attr, case, rc, tmp_path, kfile, capsys):
+    path = tmp_path / "case.json"
+    save_case_file(path, case, kernel=f"{kfile}:{attr}", device="cpu")
+    assert cli.main(["repro", str(path), "--device", "cpu"]) == rc
+    out = capsys.readouterr().out
+    assert "| tensor" in out and "| dq" in out  # the per-tensor table
+    assert ("NO" in out) == (rc == 1)
+
+
+def test_repro_not_run_is_bisect_skip(tmp_path, capsys):
+    # A kernel that rejects fp16 with a clear exception: the case is outside its domain.
+    src = tmp_path / "f32only.py"
+    src.write_text(KERNELS + textwrap.dedent("""
+        def f32_only(query, key, value, **kw):
+            if query.dtype != torch.float32:
+                raise NotImplementedError("dtype: only float32 is supported")
+            return good(query, key, value, **kw)
+    """))
+    path = tmp_path / "case.json"
+    save_case_file(path, Case(B=1, Hq=1, Hkv=1, Nq=4, Nk=4, D=8, dtype="float16"))
+    assert cli.main(["repro", str(path), "--kernel", f"{src}:f32_only", "--device", "cpu"]) \
+        == 125
+    assert "not run" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".pt"])
+def test_repro_captured_tensors(suffix, tmp_path, kfile, capsys):
+    tensors = tmp_path / f"captured{suffix}"
+    save_tensors(tensors, TINY.materialize("cpu"))
+    base = ["repro", "--tensors", str(tensors), "--device", "cpu", "--is-causal"]
+    assert cli.main([*base, "--kernel", f"{kfile}:good"]) == 0
+    # The same tensors without --is-causal: the kernel is asked a non-causal question and
+    # answers it correctly, so it still passes; the wrong kernel fails on 9+ rows only.
+    assert cli.main(["repro", "--tensors", str(tensors), "--device", "cpu",
+                     "--kernel", f"{kfile}:good"]) == 0
+    assert "tensors=captured" in capsys.readouterr().out
+    big = tmp_path / f"big{suffix}"
+    save_tensors(big, SMALL.materialize("cpu"))
+    assert cli.main(["repro", "--tensors", str(big), "--device", "cpu",
+                     "--kernel", f"{kfile}:long_rows_off"]) == 1
+
+
+def test_repro_case_file_with_tensors_beside_it(tmp_path, kfile):
+    path = tmp_path / "reg.json"
+    save_case_file(path, SMALL, kernel=f"{kfile}:long_rows_off", device="cpu")
+    # The tensor file beside the case file supplies the inputs (same shapes as the case).
+    save_tensors(tmp_path / "reg.npz", SMALL.materialize("cpu"))
+    assert cli.main(["repro", str(path)]) == 1
+    assert cli.main(["repro", str(path), "--kernel", f"{kfile}:good"]) == 0
+
+
+# --------------------------------------------------------------------------- fuzz
+
+
+def test_fuzz_finds_shrinks_and_writes_the_failure(tmp_path, kfile, capsys):
+    out = tmp_path / "fz"
+    rc = cli.main(["fuzz", "--kernel", f"{kfile}:long_rows_off", "--device", "cpu",
+                   "--examples", "60", "--seed", "7", "--max-n", "32", "--dtypes", "float32",
+                   "--out", str(out), "--quiet"])
+    assert rc == 1
+    files = sorted((out / "failures").glob("*.json"))
+    assert len(files) == 1
+    case, meta = load_case_file(files[0])
+    assert case.Nq == 9  # shrunk to the smallest failing shape
+    assert meta["kernel"] == f"{kfile}:long_rows_off" and meta["device"] == "cpu"
+    assert meta["verdict"]["status"] == "fail" and meta["versions"]["torch"]
+    assert files[0].with_suffix(".md").exists()
+    printed = capsys.readouterr().out
+    assert "flashcheck repro" in printed and "FAIL" in printed
+    # The written case replays as a failure.
+    assert cli.main(["repro", str(files[0])]) == 1
+
+
+def test_fuzz_unseeded_saves_to_the_example_database(tmp_path, kfile):
+    out = tmp_path / "fz"
+    argv = ["fuzz", "--kernel", f"{kfile}:long_rows_off", "--device", "cpu", "--examples",
+            "40", "--max-n", "16", "--dtypes", "float32", "--out", str(out), "--quiet"]
+    assert cli.main(argv) == 1
+    saved = [p for p in (out / "hypothesis-db").rglob("*") if p.is_file()]
+    assert saved  # the shrunk failure is kept, and a rerun replays it first
+
+
+def test_fuzz_keep_going_collects_distinct_failures(tmp_path, kfile, capsys):
+    out = tmp_path / "fz"
+    rc = cli.main(["fuzz", "--kernel", f"{kfile}:long_rows_off", "--device", "cpu",
+                   "--examples", "40", "--seed", "2", "--max-n", "16", "--keep-going",
+                   "--dtypes", "float32", "float16", "--out", str(out), "--quiet"])
+    assert rc == 1
+    files = sorted((out / "failures").glob("*.json"))
+    assert len(files) >= 2
+    sigs = {signature(*_case_and_verdict(f)) for f in files}
+    assert len(sigs) == len(files)
+
+
+def _case_and_verdict(path):
+    case, meta = load_case_file(path)
+    return case, meta["verdict"]
+
+
+def test_fuzz_correct_kernel_finds_nothing(tmp_path, kfile, capsys):
+    rc = cli.main(["fuzz", "--kernel", f"{kfile}:good", "--device", "cpu", "--examples", "10",
+                   "--seed", "1", "--max-n", "16", "--out", str(tmp_path / "fz"), "--quiet"])
+    assert rc == 0
+    assert "0 distinct failure(s)" in capsys.readouterr().out
+    assert not (tmp_path / "fz" / "failures").exists()
+
+
+# --------------------------------------------------------------------------- run, gate, compare
+
+
+@pytest.fixture
+def small_sweep(monkeypatch):
+    import verify.strategies
+
+    sweep = [SMALL, TINY, Case(B=1, Hq=2, Hkv=1, Nq=4, Nk=4, D=8, dtype="float16",
+                               mask={"kind": "random", "density": 0.5}, seed=9)]
+    monkeypatch.setattr(verify.strategies, "fixed_sweep", lambda profile: list(sweep))
+    return sweep
+
+
+@pytest.mark.parametrize(("attr", "rc"), [("good", 0), ("long_rows_off", 1)])
+def test_run_writes_report_and_failures(attr, rc, small_sweep, tmp_path, kfile, capsys):
+    out = tmp_path / "rep"
+    assert cli.main(["run", "--kernel", f"{kfile}:{attr}", "--device", "cpu", "--out",
+                     str(out), "--quiet"]) == rc
+    for name in ("report.json", "report.md", "report.html"):
+        assert (out / name).stat().st_size > 0
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["summary"]["cases"] == 3 and rep["summary"]["fail"] == rc
+    assert len(list((out / "failures").glob("*.json"))) == rc
+    printed = capsys.readouterr().out
+    assert "cases" in printed and "status" in printed  # the per-configuration table
+
+
+def test_gate_update_then_pass_then_over_budget(small_sweep, tmp_path, kfile, capsys):
+    budgets = tmp_path / "b.json"
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    save_case_file(corpus / "reg1.json", TINY)
+    base = ["gate", "--kernel", f"{kfile}:good", "--device", "cpu", "--budgets", str(budgets),
+            "--corpus", str(corpus), "--out", str(tmp_path / "g"), "--quiet"]
+    assert cli.main([*base, "--update"]) == 0
+    assert "+++ b.json (new)" in capsys.readouterr().out
+    data = json.loads(budgets.read_text())
+    assert data["format"] == "flashcheck-budgets" and len(data["configs"]) == 3
+    assert cli.main(base) == 0
+    assert "within budget" in capsys.readouterr().out
+    # Shrink every budget below the observed ratio: the same run now fails the gate.
+    for entry in data["configs"].values():
+        entry["budget"] = entry["worst_ratio"] / 2 if entry["worst_ratio"] > 0 else 1e-30
+    budgets.write_text(json.dumps(data))
+    assert cli.main(base) == 1
+    assert "> budget" in capsys.readouterr().out
+    # A configuration without a budget fails too.
+    budgets.write_text(json.dumps({**data, "configs": {"x": {"budget": 1.0}}}))
+    assert cli.main(base) == 1
+    assert "no committed budget" in capsys.readouterr().out
+
+
+def test_gate_update_refused_on_failing_run(small_sweep, tmp_path, kfile, capsys):
+    budgets = tmp_path / "b.json"
+    rc = cli.main(["gate", "--kernel", f"{kfile}:long_rows_off", "--device", "cpu",
+                   "--budgets", str(budgets), "--corpus", str(tmp_path), "--update",
+                   "--out", str(tmp_path / "g"), "--quiet"])
+    assert rc == 1 and not budgets.exists()
+    assert "refused" in capsys.readouterr().out
+
+
+def test_compare_command(small_sweep, tmp_path, kfile, capsys):
+    for attr in ("good", "long_rows_off"):
+        cli.main(["run", "--kernel", f"{kfile}:{attr}", "--device", "cpu", "--out",
+                  str(tmp_path / attr), "--quiet"])
+    out = tmp_path / "cmp.md"
+    assert cli.main(["compare", str(tmp_path / "good" / "report.json"),
+                     str(tmp_path / "long_rows_off" / "report.json"), "--out", str(out)]) == 0
+    table = out.read_text()
+    assert f"{kfile}:good (cpu)" in table and "**FAIL**" in table
