@@ -12,6 +12,8 @@ Value kinds:
   score (|s| up to 1e4 and beyond) is exactly representable in float64 for D <= 16: the
   float64 oracle then has no score rounding and can be held to 1e-12 against mpmath.
 
+Layouts: ``contiguous`` or ``bnhd`` ((B, N, H, D) storage viewed as (B, H, N, D)).
+
 Mask kinds: ``none``; ``bool`` (random keep-probability 0.7, first query row fully masked);
 ``bool_bcast`` (a (Nq, Nk) bool mask, broadcast over B and H); ``additive`` (N(0, 1) biases,
 or integers in [-1e4, 1e4] for ``large``, with ~20% -inf entries and the last query row
@@ -29,7 +31,7 @@ VALUE_KINDS = ("normal", "large")
 def make_problem(
     *, B: int, Hq: int, Hkv: int, Nq: int, Nk: int, D: int, seed: int, mask: str = "none",
     values: str = "normal", dtype: torch.dtype = torch.float64, is_causal: bool = False,
-    causal_alignment: str = "top_left", window=None,
+    causal_alignment: str = "top_left", window=None, layout: str = "contiguous",
 ) -> dict:
     """Keyword arguments (query, key, value, attn_mask, ...) of one seeded problem."""
     if mask not in MASK_KINDS:
@@ -60,6 +62,11 @@ def make_problem(
             attn_mask = torch.randn(B, Hq, Nq, Nk, generator=g, dtype=f64)
         attn_mask[torch.rand(B, Hq, Nq, Nk, generator=g) < 0.2] = -torch.inf
         attn_mask[:, :, -1] = -torch.inf
+    if layout == "bnhd":
+        # Same values, stored (B, N, H, D) and viewed as (B, H, N, D): non-contiguous.
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    elif layout != "contiguous":
+        raise ValueError(f"layout: expected 'contiguous' or 'bnhd'; got {layout!r}")
     return dict(
         query=q.to(dtype), key=k.to(dtype), value=v.to(dtype),
         attn_mask=attn_mask if attn_mask is None or attn_mask.dtype == torch.bool

@@ -60,7 +60,9 @@ def _rescale(m, x):
     Works on Python floats and, elementwise, on tensors.
     """
     if isinstance(m, torch.Tensor) or isinstance(x, torch.Tensor):
-        m_new = torch.maximum(torch.as_tensor(m), torch.as_tensor(x))
+        like = m if isinstance(m, torch.Tensor) else x
+        m, x = (torch.as_tensor(t, dtype=like.dtype, device=like.device) for t in (m, x))
+        m_new = torch.maximum(m, x)
         shift = torch.where(m_new == -torch.inf, torch.zeros_like(m_new), m_new)
         return m_new, torch.exp(m - shift), torch.exp(x - shift)
     m_new = max(m, x)

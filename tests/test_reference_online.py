@@ -40,6 +40,7 @@ def problems(draw, *, max_n=40, max_d=16, dtype=torch.float64, values=("normal",
         values=draw(st.sampled_from(values)), is_causal=draw(st.booleans()),
         causal_alignment=draw(st.sampled_from(["top_left", "bottom_right"])),
         window=draw(st.none() | st.tuples(st.integers(-1, 6), st.integers(-1, 6))),
+        layout=draw(st.sampled_from(["contiguous", "bnhd"])),
     )
     note(knobs)
     return make_problem(**knobs, dtype=dtype)
