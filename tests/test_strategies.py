@@ -201,6 +201,7 @@ def test_cpu_sweep_covers_everything():
                            "dead_rows"}
     assert cov["gqa"] == {"mha", "gqa", "mqa"}
     assert any(c.Nq == 1 for c in sweep) and any(c.D % 2 for c in sweep)
+    assert {c.dist["groups"] for c in sweep if c.dist["kind"] == "ties"} == {1, 4}
     assert any(c.mask["kind"] == "key_padding" and 0 in c.mask["lengths"] for c in sweep)
     assert max(max(c.Nq, c.Nk) for c in sweep) <= 256  # interpreter-sized
 

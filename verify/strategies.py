@@ -400,8 +400,8 @@ def _themes(N: int, D: int, Hq: int) -> list[tuple[str, dict]]:
 
 
 def _sweep_dist(kind: str, i: int) -> dict:
-    if kind == "ties":
-        return {"kind": "ties", "groups": 1 if i % 2 == 0 else 4}
+    if kind == "ties":  # every other round of the distribution cycle: all keys equal, or 4 groups
+        return {"kind": "ties", "groups": 1 if (i // len(DIST_KINDS)) % 2 == 0 else 4}
     return {"kind": kind}
 
 
