@@ -1,0 +1,157 @@
+"""Tolerance rule and bounds: tight enough to catch 3x, no false alarm on correct kernels.
+
+Run as a script (``python -m tests.test_bounds [N_SEEDS]``) it is the calibration of
+verify/bounds.py: correct kernels over drawn cases, max err/baseline_err per tensor (max abs
+and RMSE), printed as the table in docs/bounds.md.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import sys
+
+import pytest
+import torch
+
+from tests.fixtures_kernels import amplified, blocked_attention, coarse_p_attention, dense_fp64
+from verify.bounds import K_RMS, K_RULE, error_model, rms_tolerance, tolerance
+from verify.cases import Case
+from verify.check import check_case
+
+GRADS = ("dq", "dk", "dv")
+
+
+def _fp32_throughout(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                     scale=None, enable_gqa=False, *, window=None, causal_alignment="top_left"):
+    out = dense_fp64(query.float(), key.float(), value.float(), attn_mask, is_causal, scale,
+                     enable_gqa, window=window, causal_alignment=causal_alignment)
+    return out.to(query.dtype)
+
+
+_fp32_throughout.capabilities = {"extensions": ("window", "causal_alignment"), "gqa": True,
+                                 "backward": True, "masks": ("bool", "additive")}
+
+CASES = [
+    Case(B=1, Hq=2, Hkv=1, Nq=48, Nk=80, D=32, dtype="bfloat16", is_causal=True,
+         dist={"kind": "large_logits", "target": 1e4}, seed=11),
+    Case(B=1, Hq=2, Hkv=2, Nq=64, Nk=64, D=64, dtype="bfloat16", seed=12),
+    Case(B=2, Hq=2, Hkv=2, Nq=40, Nk=96, D=16, dtype="float16",
+         dist={"kind": "outliers"}, seed=13),
+    Case(B=1, Hq=4, Hkv=2, Nq=33, Nk=70, D=40, dtype="float32", is_causal=True,
+         causal_alignment="bottom_right", seed=14),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.short())
+def test_three_times_worse_is_flagged_on_every_tensor(case):
+    verdict = check_case(amplified(blocked_attention, 3.0), case, "cpu")
+    assert verdict.status == "fail" and verdict.failure == "numerical", verdict.summary()
+    missed = [n for n in ("out", *GRADS) if verdict.tensors[n].passed]
+    assert not missed, f"3x error not flagged on {missed}: {verdict.summary()}"
+
+
+@pytest.mark.parametrize("kernel", [blocked_attention, _fp32_throughout, "sdpa-math"],
+                         ids=["blocked", "fp32", "sdpa-math"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.short())
+def test_correct_kernels_pass(kernel, case):
+    verdict = check_case(kernel, case, "cpu")
+    assert verdict.status == "pass", verdict.summary()
+
+
+def test_coarser_p_rounding_is_flagged():
+    case = CASES[1]
+    verdict = check_case(coarse_p_attention(2), case, "cpu")
+    assert verdict.status == "fail" and verdict.failure == "numerical", verdict.summary()
+
+
+ONE_KEY = [
+    Case(B=1, Hq=2, Hkv=2, Nq=8, Nk=1, D=16, dtype=dt, seed=21) for dt in
+    ("float16", "bfloat16", "float32")
+] + [
+    # bottom-right causal with Nq > Nk: the first rows see exactly one key (or none)
+    Case(B=1, Hq=2, Hkv=1, Nq=12, Nk=6, D=32, dtype="bfloat16", is_causal=True,
+         causal_alignment="bottom_right", seed=22),
+    Case(B=1, Hq=2, Hkv=2, Nq=16, Nk=16, D=8, dtype="float32", window=(0, 0), seed=23),
+]
+
+
+@pytest.mark.parametrize("kernel", [blocked_attention, _fp32_throughout, "sdpa-math"],
+                         ids=["blocked", "fp32", "sdpa-math"])
+@pytest.mark.parametrize("case", ONE_KEY, ids=lambda c: c.short())
+def test_one_key_rows_do_not_false_alarm(kernel, case):
+    verdict = check_case(kernel, case, "cpu")
+    assert verdict.status == "pass", verdict.summary()
+
+
+def test_floor_scales_with_cancelling_terms_not_result():
+    """Nk = 1: dq's true value is 0, but its floor is set by |dP| and |dO . O|."""
+    case = ONE_KEY[0]
+    inp = case.materialize("cpu")
+    allowed = torch.ones(1, 1, case.Nq, case.Nk, dtype=torch.bool)
+    model = error_model(inp.query, inp.key, inp.value, inp.grad_out, allowed=allowed,
+                        bias=None, scale=case.effective_scale, dtype=case.dtype)
+    ref_dq = torch.zeros(())  # softmax over one key: dS = P (dP - D) = 0 exactly
+    assert float(ref_dq) == 0.0
+    assert bool((model["dq"].floor > 0).all())
+    assert bool((model["dq"].apriori >= model["dq"].floor * 0).all())
+
+
+def test_tolerance_is_max_of_rule_and_floor():
+    floor = torch.tensor([1e-6, 1e-2])
+    tol = tolerance("out", floor, 1e-3, floor)
+    assert torch.equal(tol, torch.tensor([K_RULE["out"] * 1e-3, 1e-2]))
+    assert rms_tolerance("dq", torch.zeros(3), 2e-3, torch.zeros(3)) == K_RMS["dq"] * 2e-3
+    with pytest.raises(ValueError, match="name must be one of"):
+        tolerance("dz", floor, 1e-3, floor)
+
+
+def test_k_below_three():
+    assert all(k < 3 for k in K_RMS.values())
+
+
+# ------------------------------------------------------------------------------------------
+# calibration (script mode)
+
+
+def calibration_cases(n_seeds: int):
+    shapes = [(1, 2, 1, 48, 80, 32), (1, 2, 2, 64, 64, 64), (2, 2, 2, 40, 96, 16),
+              (1, 4, 2, 33, 70, 40), (1, 2, 2, 128, 128, 128)]
+    dists = [{"kind": "normal", "sigma": 1.0}, {"kind": "large_logits", "target": 1e4},
+             {"kind": "outliers"}, {"kind": "uniform"}]
+    for seed, (shape, dist, dt, causal) in enumerate(itertools.islice(itertools.cycle(
+            itertools.product(shapes, dists, ("float16", "bfloat16", "float32"),
+                              (False, True))), n_seeds)):
+        B, Hq, Hkv, Nq, Nk, D = shape
+        yield Case(B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, D=D, dtype=dt, is_causal=causal,
+                   dist=dist, seed=1000 + seed)
+
+
+def calibrate(n_seeds: int = 48) -> None:
+    from verify.controls import CONTROLS
+
+    kernels = {c.name: c.spec for c in CONTROLS if not c.name.startswith("triton")}
+    kernels["sdpa-math"] = "sdpa-math"
+    kernels["fixtures.blocked"] = blocked_attention
+    stats = {name: {t: [math.inf, 0.0, math.inf, 0.0] for t in ("out", *GRADS)}
+             for name in kernels}
+    for case in calibration_cases(n_seeds):
+        for name, spec in kernels.items():
+            v = check_case(spec, case, "cpu")
+            if v.status == "not_run":
+                continue
+            for t, r in v.tensors.items():
+                if t not in ("out", *GRADS) or not (r.baseline_err > 0 and r.baseline_rmse > 0):
+                    continue
+                s = stats[name][t]
+                a, b = r.max_abs / r.baseline_err, r.rmse / r.baseline_rmse
+                s[:] = [min(s[0], a), max(s[1], a), min(s[2], b), max(s[3], b)]
+    print(f"{n_seeds} cases; per tensor: max-abs ratio [min, max], RMSE ratio [min, max]")
+    for name, per in stats.items():
+        cells = "  ".join(f"{t}: [{s[0]:.2f},{s[1]:.2f}] [{s[2]:.2f},{s[3]:.2f}]"
+                          for t, s in per.items())
+        print(f"{name:18s} {cells}")
+
+
+if __name__ == "__main__":
+    calibrate(int(sys.argv[1]) if len(sys.argv) > 1 else 48)

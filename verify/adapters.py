@@ -1,0 +1,579 @@
+"""The kernel plug-in: turn a spec string or a callable into a :class:`Kernel`.
+
+Spec forms (:func:`resolve_kernel`):
+
+- ``MODULE:ATTR`` — ``importlib.import_module(MODULE).ATTR``;
+- ``path/to/file.py:ATTR`` — the file is loaded by path under a unique module name;
+- built-in names: ``triton``, ``triton-fa1`` (``kernels.attention`` /
+  ``kernels.attention_fa1``), ``reference`` (``reference.attention_fp64`` run in float64 and
+  its result rounded to the input dtype — a kernel returning the input dtype, the best any
+  kernel can do), ``online`` (``reference.online_attention``, ``precision="emulate"``),
+  ``sdpa-math``, ``sdpa-flash``, ``sdpa-efficient``, ``sdpa-cudnn`` (torch SDPA pinned to one
+  backend with ``torch.nn.attention.sdpa_kernel``), ``flex`` (FlexAttention with the mask as
+  a dense additive ``score_mod``; compiled with ``torch.compile`` on CUDA, eager on the CPU).
+
+A bad spec raises :class:`SpecError` (a ValueError) with one line; the CLI maps it to exit 2.
+
+A :class:`Kernel` knows its capabilities: the callable's declared ``capabilities`` dict
+(docs/contracts.md §2), and for every key it does not declare a probe on tiny inputs. A
+*clear* exception (ValueError, NotImplementedError, TypeError, or a RuntimeError whose message
+says "not supported"/"No available kernel"/...) means "outside the domain" and its text is the
+reason reported as "not run: reason". Any other exception leaves the feature in the domain,
+so the real case then fails as "raised" instead of being silently skipped. Probes are cached
+per (spec, device).
+
+:meth:`Kernel.call` expresses a case through the arguments the kernel takes: window and
+bottom-right causal alignment (and ``is_causal`` together with a mask, which SDPA rejects)
+are folded into ``attn_mask`` with ``reference.masks.structural_mask`` when the kernel lacks
+the extension; bool masks become additive (-inf) ones for kernels that take only those.
+
+Caveats: probing runs the kernel (a few tiny calls per feature, lazily). The ``flex`` adapter
+passes the mask as a dense (B, Hq, Nq, Nk) bias captured by ``score_mod``, so it tests
+FlexAttention's score path, not its block-sparse path.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import math
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from verify.cases import Case, Inputs
+
+__all__ = [
+    "BUILTINS", "SpecError", "Kernel", "resolve_kernel", "as_kernel", "describe_exception",
+    "is_clear_rejection", "check_domain_guard", "GuardFinding", "HEAD_DIM_SAMPLE",
+]
+
+HEAD_DIM_SAMPLE = (1, 16, 40, 64, 111, 128, 256)
+PROBE_DTYPES = ("float16", "bfloat16", "float32")
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+_CLEAR_RUNTIME = (
+    "not supported", "no available kernel", "not implemented", "unsupported",
+    "only supports", "is not available", "expected all tensors to be on the same device",
+    "must be", "requires",
+)
+_SDPA_BACKENDS = {
+    "sdpa-math": "MATH",
+    "sdpa-flash": "FLASH_ATTENTION",
+    "sdpa-efficient": "EFFICIENT_ATTENTION",
+    "sdpa-cudnn": "CUDNN_ATTENTION",
+}
+BUILTINS = ("triton", "triton-fa1", "reference", "online", *_SDPA_BACKENDS, "flex")
+
+
+class SpecError(ValueError):
+    """A kernel spec that cannot be resolved (one line; the CLI exits 2)."""
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``Type: message (file:line in func)`` — type, first message line, last frame."""
+    msg = str(exc).strip().splitlines()
+    text = f"{type(exc).__name__}: {msg[0] if msg else ''}".rstrip(": ")
+    tb = traceback.extract_tb(exc.__traceback__)
+    if tb:
+        f = tb[-1]
+        text += f" ({os.path.basename(f.filename)}:{f.lineno} in {f.name})"
+    return text
+
+
+def is_clear_rejection(exc: BaseException) -> bool:
+    """True for an exception that means "outside the domain" (not a crash)."""
+    if isinstance(exc, (ValueError, NotImplementedError, TypeError)):
+        return True
+    if isinstance(exc, RuntimeError):
+        low = str(exc).lower()
+        return any(s in low for s in _CLEAR_RUNTIME)
+    return False
+
+
+# ------------------------------------------------------------------------------------------
+# spec resolution
+
+
+def _load_file(path: str, spec: str):
+    if not os.path.isfile(path):
+        raise SpecError(f"kernel spec {spec!r}: file {path!r} does not exist")
+    digest = hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:12]
+    name = f"flashcheck_kernel_{digest}"
+    mod_spec = importlib.util.spec_from_file_location(name, path)
+    if mod_spec is None or mod_spec.loader is None:
+        raise SpecError(f"kernel spec {spec!r}: cannot load {path!r} as a Python module")
+    module = importlib.util.module_from_spec(mod_spec)
+    sys.modules[name] = module
+    try:
+        mod_spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[name]
+        raise SpecError(f"kernel spec {spec!r}: importing {path!r} failed: "
+                        f"{describe_exception(e)}") from None
+    return module
+
+
+def _import(modname: str, spec: str):
+    try:
+        return importlib.import_module(modname)
+    except ModuleNotFoundError as e:
+        raise SpecError(f"kernel spec {spec!r}: module {e.name or modname!r} not found") from None
+    except Exception as e:
+        raise SpecError(f"kernel spec {spec!r}: importing {modname!r} failed: "
+                        f"{describe_exception(e)}") from None
+
+
+def _attr(obj, attr: str, spec: str, where: str):
+    target = obj
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise SpecError(f"kernel spec {spec!r}: {where} has no attribute {attr!r}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise SpecError(f"kernel spec {spec!r}: {attr!r} in {where} is not callable")
+    return target
+
+
+def _triton(name: str, spec: str):
+    pkg = _import("kernels", spec)
+    if not hasattr(pkg, name):
+        pkg = _import(f"kernels.{name}", spec)
+        return _attr(pkg, "attention", spec, f"module kernels.{name}")
+    obj = getattr(pkg, name)
+    if inspect.ismodule(obj):
+        return _attr(obj, "attention", spec, f"module kernels.{name}")
+    return obj
+
+
+def _reference_kernel():
+    ref = _import("reference", "reference")
+
+    def reference(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                  scale=None, enable_gqa=False, *, window=None, causal_alignment="top_left"):
+        out = ref.attention_fp64(
+            query.to(torch.float64), key.to(torch.float64), value.to(torch.float64),
+            attn_mask=attn_mask if attn_mask is None or attn_mask.dtype == torch.bool
+            else attn_mask.to(torch.float64),
+            dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+            window=window, causal_alignment=causal_alignment,
+        )
+        return out.to(query.dtype)
+
+    reference.capabilities = {
+        "extensions": ("window", "causal_alignment"), "backward": True, "gqa": True,
+        "masks": ("bool", "additive"), "dtypes": PROBE_DTYPES,
+    }
+    return reference
+
+
+def _online_kernel():
+    ref = _import("reference", "online")
+    if not hasattr(ref, "online_attention"):  # exported from its module only
+        ref = _import("reference.online", "online")
+
+    def online(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+               scale=None, enable_gqa=False, *, window=None, causal_alignment="top_left"):
+        return ref.online_attention(
+            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+            scale=scale, enable_gqa=enable_gqa, window=window,
+            causal_alignment=causal_alignment, precision="emulate", order="fa2",
+        )
+
+    online.capabilities = {
+        "extensions": ("window", "causal_alignment"), "backward": True, "gqa": True,
+        "masks": ("bool", "additive"), "dtypes": PROBE_DTYPES,
+    }
+    return online
+
+
+def _sdpa_kernel(backend_name: str):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, backend_name)
+
+    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+             enable_gqa=False):
+        with sdpa_kernel(backend):
+            return torch.nn.functional.scaled_dot_product_attention(
+                query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+            )
+
+    sdpa.capabilities = {"extensions": (), "causal_with_mask": False}
+    return sdpa
+
+
+def _flex_kernel(device: str):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    run = torch.compile(flex_attention, dynamic=False) if device.startswith("cuda") else (
+        flex_attention
+    )
+
+    def flex(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+             enable_gqa=False):
+        if dropout_p != 0.0:
+            raise NotImplementedError(f"flex: dropout_p must be 0.0, got {dropout_p}")
+        B, Hq, Nq, _ = query.shape
+        Nk = key.shape[2]
+        bias = torch.zeros(1, 1, Nq, Nk, dtype=torch.float32, device=query.device)
+        if is_causal:
+            tri = torch.ones(Nq, Nk, dtype=torch.bool, device=query.device).tril()
+            bias = bias.masked_fill(~tri, -math.inf)
+        if attn_mask is not None:
+            add = (torch.zeros_like(attn_mask, dtype=torch.float32).masked_fill(
+                ~attn_mask, -math.inf) if attn_mask.dtype == torch.bool else attn_mask.float())
+            bias = bias + add
+        bias = bias.expand(B, Hq, Nq, Nk).contiguous()
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + bias[b, h, q_idx, kv_idx]
+
+        return run(query, key, value, score_mod=score_mod, scale=scale, enable_gqa=enable_gqa)
+
+    flex.capabilities = {"extensions": ()}
+    return flex
+
+
+def _builtin(name: str, device: str) -> Callable:
+    if name == "triton":
+        return _triton("attention", name)
+    if name == "triton-fa1":
+        return _triton("attention_fa1", name)
+    if name == "reference":
+        return _reference_kernel()
+    if name == "online":
+        return _online_kernel()
+    if name in _SDPA_BACKENDS:
+        return _sdpa_kernel(_SDPA_BACKENDS[name])
+    return _flex_kernel(device)
+
+
+def resolve_kernel(spec: str, device: str) -> Kernel:
+    """The :class:`Kernel` named by ``spec`` (see the module docstring) on ``device``."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise SpecError(f"kernel spec must be a non-empty string, got {spec!r}")
+    spec = spec.strip()
+    if spec in BUILTINS:
+        return Kernel(name=spec, spec=spec, fn=_builtin(spec, device), device=device)
+    if ":" not in spec:
+        raise SpecError(f"kernel spec {spec!r}: expected MODULE:ATTR, path/to/file.py:ATTR "
+                        f"or one of {', '.join(BUILTINS)}")
+    where, attr = spec.rsplit(":", 1)
+    if not where or not attr:
+        raise SpecError(f"kernel spec {spec!r}: both sides of ':' must be non-empty")
+    if where.endswith(".py") or os.sep in where or "/" in where:
+        fn = _attr(_load_file(where, spec), attr, spec, f"file {where!r}")
+    else:
+        fn = _attr(_import(where, spec), attr, spec, f"module {where!r}")
+    return Kernel(name=attr.split(".")[-1], spec=spec, fn=fn, device=device)
+
+
+def as_kernel(kernel, device: str) -> Kernel:
+    """A :class:`Kernel` from a Kernel, a spec string, or a bare callable."""
+    if isinstance(kernel, Kernel):
+        return kernel
+    if isinstance(kernel, str):
+        return resolve_kernel(kernel, device)
+    if callable(kernel):
+        name = getattr(kernel, "__name__", type(kernel).__name__)
+        spec = f"{getattr(kernel, '__module__', '?')}:{getattr(kernel, '__qualname__', name)}"
+        return Kernel(name=name, spec=spec, fn=kernel, device=device)
+    raise SpecError(f"kernel must be a spec string or a callable, got {type(kernel).__name__}")
+
+
+# ------------------------------------------------------------------------------------------
+# the Kernel object
+
+_PROBE_CACHE: dict[tuple[str, str, str], str | None] = {}
+
+
+def _tiny(dtype: str, D: int, device: str, *, Hq=2, Hkv=2, N=4, seed=0, requires_grad=False):
+    g = torch.Generator().manual_seed(seed)
+    dt = _DTYPES[dtype]
+
+    def draw(h):
+        x = torch.randn(1, h, N, D, generator=g, dtype=torch.float32).to(dt).to(device)
+        return x.requires_grad_(requires_grad)
+
+    return draw(Hq), draw(Hkv), draw(Hkv)
+
+
+def _accepts_kw(fn: Callable, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+@dataclass
+class Kernel:
+    """A kernel under test: its callable plus what it can do (declared or probed)."""
+
+    name: str
+    spec: str
+    fn: Callable
+    device: str = "cpu"
+    declared: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.declared:
+            self.declared = dict(getattr(self.fn, "capabilities", None) or {})
+
+    # -- probing --------------------------------------------------------------------------
+
+    def _probe(self, feature: str, device: str, thunk: Callable[[], object]) -> str | None:
+        """Run ``thunk``; None when it worked, else the reason it is outside the domain."""
+        key = (self.spec, device, feature)
+        if key not in _PROBE_CACHE:
+            try:
+                thunk()
+                _PROBE_CACHE[key] = None
+            except Exception as e:  # classify: clear rejection = outside the domain
+                _PROBE_CACHE[key] = describe_exception(e) if is_clear_rejection(e) else None
+        return _PROBE_CACHE[key]
+
+    def _call_tiny(self, dtype="float16", D=16, device=None, **kw):
+        device = device or self.device
+        gqa = kw.pop("gqa", False)
+        backward = kw.pop("backward", False)
+        q, k, v = _tiny(dtype, D, device, Hq=4 if gqa else 2, Hkv=2, requires_grad=backward)
+        out = self.fn(q, k, v, enable_gqa=gqa, **kw)
+        out = out[0] if isinstance(out, tuple) else out
+        if backward:
+            out.float().sum().backward()
+            if q.grad is None:
+                raise NotImplementedError("backward: no gradient reached the query")
+        return out
+
+    def _dtype_reason(self, dtype: str, device: str) -> str | None:
+        nr = (self.declared.get("not_run") or {}).get(torch.device(device).type, {})
+        if dtype in nr:
+            return str(nr[dtype])
+        if "dtypes" in self.declared:
+            ok = dtype in self.declared["dtypes"]
+            return None if ok else f"dtype {dtype} not in declared dtypes {self.declared['dtypes']}"
+        return self._probe(f"dtype={dtype}", device, lambda: self._call_tiny(dtype, 16, device))
+
+    def _head_dim_reason(self, D: int, dtype: str, device: str) -> str | None:
+        if "head_dims" in self.declared:
+            lo, hi = self.declared["head_dims"]
+            return None if lo <= D <= hi else f"head dim {D} outside declared [{lo}, {hi}]"
+        return self._probe(f"D={D},{dtype}", device, lambda: self._call_tiny(dtype, D, device))
+
+    def _mask_reason(self, kind: str, dtype: str, device: str) -> str | None:
+        if "masks" in self.declared:
+            ok = kind in self.declared["masks"]
+            return None if ok else f"{kind} masks not in declared masks {self.declared['masks']}"
+
+        def run():
+            m = torch.ones(4, 4, dtype=torch.bool, device=device).tril()
+            if kind == "additive":
+                m = torch.zeros(4, 4, dtype=_DTYPES[dtype], device=device).masked_fill(
+                    ~m, -math.inf)
+            self._call_tiny(dtype, 16, device, attn_mask=m)
+
+        return self._probe(f"mask={kind},{dtype}", device, run)
+
+    def _flag_reason(self, flag: str, dtype: str, device: str) -> str | None:
+        if flag in self.declared:
+            return None if self.declared[flag] else f"kernel declares {flag}=False"
+        kw = {"gqa": {"gqa": True}, "backward": {"backward": True}}[flag]
+        return self._probe(f"{flag},{dtype}", device,
+                           lambda: self._call_tiny(dtype, 16, device, **kw))
+
+    def extensions(self) -> tuple[str, ...]:
+        """Extension kwargs the kernel takes (declared; default none)."""
+        return tuple(self.declared.get("extensions", ()))
+
+    def mask_kinds(self, dtype: str = "float16", device: str | None = None) -> tuple[str, ...]:
+        device = device or self.device
+        return tuple(k for k in ("bool", "additive")
+                     if self._mask_reason(k, dtype, device) is None)
+
+    @property
+    def capabilities(self) -> dict:
+        """Declared capabilities, completed by probes (dtypes, head-dim sample, masks, gqa,
+        backward) on this kernel's device. ``not_run`` lists what was rejected and why."""
+        dev = self.device
+        caps = dict(self.declared)
+        caps.setdefault("extensions", ())
+        not_run: dict[str, str] = {}
+        dtypes = []
+        for dt in PROBE_DTYPES:
+            r = self._dtype_reason(dt, dev)
+            (not_run.__setitem__(f"dtype={dt}", r) if r else dtypes.append(dt))
+        caps.setdefault("dtypes", tuple(dtypes))
+        probe_dt = dtypes[0] if dtypes else "float32"
+        if "head_dims" not in caps:
+            dims = []
+            for D in HEAD_DIM_SAMPLE:
+                r = self._head_dim_reason(D, probe_dt, dev)
+                (not_run.__setitem__(f"D={D}", r) if r else dims.append(D))
+            caps["head_dim_sample"] = tuple(dims)
+        caps.setdefault("masks", self.mask_kinds(probe_dt, dev))
+        for flag in ("gqa", "backward"):
+            if flag not in caps:
+                r = self._flag_reason(flag, probe_dt, dev)
+                caps[flag] = r is None
+                if r:
+                    not_run[flag] = r
+        caps["probed_not_run"] = not_run
+        return caps
+
+    # -- the domain -----------------------------------------------------------------------
+
+    def supports(self, case: Case, device: str | None = None) -> tuple[bool, str]:
+        """(True, "") when ``case`` is inside the kernel's domain on ``device``, else
+        (False, reason)."""
+        device = device or self.device
+        devices = self.declared.get("devices")
+        if devices is not None and torch.device(device).type not in devices:
+            return False, f"device {device} not in declared devices {tuple(devices)}"
+        for reason in (
+            self._dtype_reason(case.dtype, device),
+            self._head_dim_reason(case.D, case.dtype, device),
+            self._flag_reason("gqa", case.dtype, device) if case.Hq != case.Hkv else None,
+            self._needs_mask_reason(case, device),
+        ):
+            if reason:
+                return False, reason
+        if case.tf32 and case.dtype == "float32" and self.declared.get("tf32") is False:
+            return False, "kernel declares tf32=False"
+        return True, ""
+
+    def supports_backward(self, case: Case, device: str | None = None) -> tuple[bool, str]:
+        r = self._flag_reason("backward", case.dtype, device or self.device)
+        return (r is None), (f"kernel has no backward: {r}" if r else "")
+
+    def _folds(self, case_like) -> bool:
+        """Whether the structure must be folded into attn_mask for this kernel."""
+        ext = self.extensions()
+        window = case_like.window
+        bottom = case_like.causal_alignment == "bottom_right" and (
+            case_like.is_causal or window is not None)
+        need_ext = (window is not None and "window" not in ext) or (
+            bottom and "causal_alignment" not in ext)
+        has_mask = getattr(case_like, "attn_mask", None) is not None or (
+            isinstance(getattr(case_like, "mask", None), dict)
+            and case_like.mask["kind"] != "none")
+        causal_plus_mask = case_like.is_causal and has_mask and not self.declared.get(
+            "causal_with_mask", True)
+        return need_ext or causal_plus_mask
+
+    def _needs_mask_reason(self, case: Case, device: str) -> str | None:
+        kind = case.mask["kind"]
+        needed = set()
+        if kind == "bias":
+            needed.add("additive")
+        elif kind != "none":
+            needed.add("bool")
+        if self._folds(case):
+            needed.add("bool" if kind != "bias" else "additive")
+        accepted = set(self.mask_kinds(case.dtype, device))
+        if kind != "bias" and needed and "bool" not in accepted and "additive" in accepted:
+            needed = {"additive"}  # bool masks are converted to -inf additive ones
+        missing = needed - accepted
+        if missing:
+            return f"kernel takes no {'/'.join(sorted(missing))} attn_mask (needed for this case)"
+        return None
+
+    # -- calling --------------------------------------------------------------------------
+
+    def arguments(self, inputs: Inputs) -> tuple[tuple, dict]:
+        """Positional and keyword arguments that express ``inputs`` for this kernel."""
+        kw = inputs.kwargs()
+        if self._folds(inputs):
+            q, k = inputs.query, inputs.key
+            nq, nk = q.shape[2], k.shape[2]
+            from reference.masks import structural_mask
+
+            allowed = structural_mask(
+                nq, nk, is_causal=inputs.is_causal, causal_alignment=inputs.causal_alignment,
+                window=inputs.window, device=q.device,
+            )
+            m = inputs.attn_mask
+            if m is None:
+                m = allowed
+            elif m.dtype == torch.bool:
+                m = m & allowed
+            else:
+                m = m.masked_fill(~allowed, -math.inf)
+            kw.pop("window", None)
+            kw.pop("causal_alignment", None)
+            kw["is_causal"] = False
+            kw["attn_mask"] = m
+        m = kw["attn_mask"]
+        if m is not None and m.dtype == torch.bool and "bool" not in self.mask_kinds(
+                str(inputs.query.dtype).removeprefix("torch."), str(inputs.query.device)):
+            kw["attn_mask"] = torch.zeros(m.shape, dtype=inputs.query.dtype,
+                                          device=m.device).masked_fill(~m, -math.inf)
+        return (inputs.query, inputs.key, inputs.value), kw
+
+    def call(self, inputs: Inputs):
+        """Run the kernel on ``inputs``; returns (out, lse or None)."""
+        args, kw = self.arguments(inputs)
+        res = self.fn(*args, **kw)
+        if isinstance(res, tuple):
+            return res[0], (res[1] if len(res) > 1 else None)
+        return res, None
+
+
+# ------------------------------------------------------------------------------------------
+# outside-domain guard
+
+
+@dataclass
+class GuardFinding:
+    """One outside-domain probe: ``status`` is "raised" (good) or "outside_domain_accepted"."""
+
+    probe: str
+    status: str
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"probe": self.probe, "status": self.status, "reason": self.reason}
+
+
+def check_domain_guard(kernel, device: str) -> list[GuardFinding]:
+    """Call the kernel on inputs outside its declared domain; it must raise, not return.
+
+    Probes: D = 512 when the declared ``head_dims`` exclude it; float64 when declared
+    ``dtypes`` exclude it; K/V on another device than Q (CUDA only). A kernel without a
+    declared domain is only probed with the mixed-device inputs.
+    """
+    k = as_kernel(kernel, device)
+    probes: list[tuple[str, Callable[[], object]]] = []
+    decl = k.declared
+    dt0 = (decl.get("dtypes") or ("float16",))[0]
+    if "head_dims" in decl and not (decl["head_dims"][0] <= 512 <= decl["head_dims"][1]):
+        probes.append(("head_dim=512", functools.partial(k._call_tiny, dt0, 512, device)))
+    if "dtypes" in decl and "float64" not in decl["dtypes"]:
+        def f64():
+            q, kk, v = (t.double() for t in _tiny("float32", 16, device))
+            return k.fn(q, kk, v)
+        probes.append(("dtype=float64", f64))
+    if torch.device(device).type == "cuda":
+        def mixed():
+            q, kk, v = _tiny(dt0, 16, device)
+            return k.fn(q, kk.cpu(), v.cpu())
+        probes.append(("mixed_devices", mixed))
+    findings = []
+    for name, thunk in probes:
+        try:
+            out = thunk()
+        except Exception as e:
+            findings.append(GuardFinding(name, "raised", describe_exception(e)))
+            continue
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        findings.append(GuardFinding(name, "outside_domain_accepted",
+                                     f"returned {shape} instead of raising"))
+    return findings

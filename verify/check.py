@@ -1,0 +1,552 @@
+"""One case in, one :class:`Verdict` out (docs/contracts.md §4).
+
+:func:`check_case` steps:
+
+1. ``kernel.supports(case)``; outside the domain -> ``not_run`` with the reason.
+2. Fresh inputs (``case.materialize(device)``, or the captured tensors given).
+3. The float64 reference on the device (out, lse; dq, dk, dv by autograd with dO), copied
+   to the CPU.
+4. The per-case baseline: ``reference.online_attention(precision="emulate", order="fa2")``
+   on the same inputs; its max abs error per tensor sets the rule (verify/bounds.py).
+5. Floors and a-priori bounds (verify/bounds.py), copied to the CPU.
+6. Poison: every device buffer of steps 3-5 is filled with NaN before it is freed, so a
+   kernel returning ``torch.empty`` that lands on the reference's or baseline's memory
+   reads NaN, not a correct answer.
+7. The kernel: forward twice (on fresh clones; bitwise repeatability), backward when the
+   case asks for it and the kernel has one. Checked: it did not raise inside its domain,
+   inputs unchanged bitwise, output not aliasing an input, shape/dtype/device, NaN/Inf
+   where the reference is finite.
+8. Metrics (verify/metrics.py) -> tolerance -> verdict.
+
+Failure classes: ``raised``, ``input_mutated``, ``aliased_output``, ``bad_output`` (shape,
+dtype or device), ``nonfinite``, ``nondeterministic``, ``numerical``.
+
+:func:`check_nan_propagation` is a separate observation (reported, never failed): a NaN is
+put into one key (or query) element, and the rows that became NaN are compared with the
+rows whose softmax touches that element.
+
+Caveats: the reference, bounds and baseline are dense float64/emulated computations:
+memory O(B * Hq * Nq * Nk) several times. Timings synchronise CUDA around each step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from verify.adapters import Kernel, as_kernel, describe_exception, is_clear_rejection
+from verify.bounds import K_RULE, TENSORS, error_model, rms_tolerance, tolerance
+from verify.cases import Case, Inputs
+from verify.metrics import abs_error, tensor_metrics
+
+__all__ = ["TensorReport", "Verdict", "check_case", "error_ratio", "check_nan_propagation",
+           "BASELINE_BLOCK"]
+
+# Tile sizes of the emulated baseline. Large tiles keep the Python loop short; the tile
+# size does not change the baseline's error class (same roundings of P, dS and the result;
+# measured in docs/bounds.md, which also bounds the ratio of other tilings to this one).
+BASELINE_BLOCK = (128, 128)
+GRADS = ("dq", "dk", "dv")
+_FAIL_ORDER = ("raised", "input_mutated", "aliased_output", "bad_output", "nonfinite",
+               "nondeterministic", "numerical")
+
+
+def _num(x: float):
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    return x
+
+
+def _unnum(x):
+    return float(x) if isinstance(x, str) else x
+
+
+@dataclass
+class TensorReport:
+    """Errors, tolerance and bound of one tensor. ``tol`` is the tolerance at the worst
+    element (the one with the largest err / tol); ``ratio`` is that largest err / tol."""
+
+    name: str
+    max_abs: float
+    max_rel: float
+    rmse: float
+    bias: float
+    max_ulps: float
+    worst_index: tuple
+    got: float
+    want: float
+    n_bad: int
+    numel: int
+    tol: float
+    baseline_err: float
+    apriori: float
+    ratio: float
+    ratio_apriori: float
+    passed: bool
+    note: str = ""
+    rmse_tol: float = math.nan  # tolerance on the RMSE (verify/bounds.py, rms_tolerance)
+    baseline_rmse: float = math.nan
+    ratio_rmse: float = 0.0  # rmse / rmse_tol; ``ratio`` is max(elementwise, this)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["worst_index"] = list(self.worst_index)
+        return {k: _num(v) for k, v in d.items()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TensorReport:
+        kw = {f.name: _unnum(d[f.name]) for f in dataclasses.fields(cls) if f.name in d}
+        kw["worst_index"] = tuple(d.get("worst_index", ()))
+        return cls(**kw)
+
+    def message(self) -> str:
+        idx = ", ".join(str(i) for i in self.worst_index)
+        err = abs(self.got - self.want) if math.isfinite(self.got) else math.inf
+        rule = ""
+        if self.name in K_RULE and math.isfinite(self.baseline_err) and self.baseline_err > 0:
+            rule = f" = {self.tol / self.baseline_err:.2g} × baseline {self.baseline_err:.1e}"
+        text = (f"{self.name}: {self.n_bad}/{self.numel} elements off (worst at [{idx}]: "
+                f"got {self.got:.4g}, want {self.want:.4g}, |err| {err:.1e} "
+                f"{'>' if self.n_bad else '<='} tol {self.tol:.1e}{rule})")
+        if self.ratio_rmse > 1:
+            k = ""
+            if math.isfinite(self.baseline_rmse) and self.baseline_rmse > 0:
+                k = (f" = {self.rmse_tol / self.baseline_rmse:.2g} × baseline "
+                     f"{self.baseline_rmse:.1e}")
+            text += f", rmse {self.rmse:.1e} > tol {self.rmse_tol:.1e}{k}"
+        return text + (f"; {self.note}" if self.note else "")
+
+
+@dataclass
+class Verdict:
+    case: Case
+    kernel: str
+    device: str
+    status: str  # "pass", "fail", "not_run"
+    failure: str | None = None
+    reason: str = ""
+    tensors: dict[str, TensorReport] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    not_run_tensors: dict[str, str] = field(default_factory=dict)
+    observations: dict = field(default_factory=dict)
+    case_file: str | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "case": self.case.to_dict(),
+            "kernel": self.kernel,
+            "device": self.device,
+            "status": self.status,
+            "failure": self.failure,
+            "reason": self.reason,
+            "tensors": {k: t.to_dict() for k, t in self.tensors.items()},
+            "timings": {k: _num(v) for k, v in self.timings.items()},
+            "not_run_tensors": dict(self.not_run_tensors),
+            "observations": self.observations,
+            "error_ratio": _num(error_ratio(self)),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Verdict:
+        return cls(
+            case=Case.from_dict(d["case"]), kernel=d["kernel"], device=d["device"],
+            status=d["status"], failure=d.get("failure"), reason=d.get("reason", ""),
+            tensors={k: TensorReport.from_dict(t) for k, t in (d.get("tensors") or {}).items()},
+            timings={k: _unnum(v) for k, v in (d.get("timings") or {}).items()},
+            not_run_tensors=dict(d.get("not_run_tensors") or {}),
+            observations=dict(d.get("observations") or {}),
+        )
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "pass"
+
+    def summary(self) -> str:
+        """The mismatch message: tensor, elements off, worst index with both values, the
+        bound, and the replay command when ``case_file`` is set."""
+        if self.status == "not_run":
+            return f"not run: {self.reason}"
+        if self.status == "pass":
+            return f"pass (error ratio {error_ratio(self):.2f}) {self.case.short()}"
+        bad = [t.message() for t in self.tensors.values() if not t.passed]
+        parts = [f"{self.failure}: {self.reason}"] if self.reason else [f"{self.failure}"]
+        if self.failure in ("numerical", "nonfinite") and bad:
+            parts = bad
+        text = "; ".join(parts)
+        if self.case_file:
+            text += f"; replay: flashcheck repro {self.case_file}"
+        return text
+
+
+def error_ratio(verdict: Verdict) -> float:
+    """Max over tensors of err / tol (> 1 fails); 0 when nothing was compared."""
+    ratios = [t.ratio for t in verdict.tensors.values()]
+    return max(ratios, default=0.0)
+
+
+# ------------------------------------------------------------------------------------------
+# helpers
+
+
+def _sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+class _Clock:
+    def __init__(self, device: str):
+        self.device = device
+        self.t: dict[str, float] = {}
+
+    def __call__(self, name: str):
+        clock = self
+
+        class _Span:
+            def __enter__(self):
+                _sync(clock.device)
+                self.t0 = time.perf_counter()
+
+            def __exit__(self, *exc):
+                _sync(clock.device)
+                clock.t[name] = clock.t.get(name, 0.0) + time.perf_counter() - self.t0
+
+        return _Span()
+
+
+def _storage_bytes(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+def _named_inputs(inputs: Inputs) -> dict[str, torch.Tensor]:
+    names = ("query", "key", "value", "attn_mask", "grad_out")
+    return {n: getattr(inputs, n) for n in names if getattr(inputs, n) is not None}
+
+
+def _mutated(inputs: Inputs, snapshot: Inputs) -> list[str]:
+    snap = _named_inputs(snapshot)
+    return [n for n, t in _named_inputs(inputs).items()
+            if not torch.equal(_storage_bytes(t), _storage_bytes(snap[n]))]
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    s = t.untyped_storage()
+    return s.data_ptr(), s.data_ptr() + s.nbytes()
+
+
+def _aliases(out: torch.Tensor, inputs: Inputs) -> list[str]:
+    if out.numel() == 0:
+        return []
+    lo, hi = _span(out)
+    return [n for n, t in _named_inputs(inputs).items()
+            if t.device == out.device and t.numel() and _span(t)[0] < hi and lo < _span(t)[1]]
+
+
+def _poison(*tensors) -> None:
+    with torch.no_grad():
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                t.detach().fill_(math.nan)
+
+
+def _leaves(inputs: Inputs, grad: bool) -> Inputs:
+    if not grad:
+        return inputs
+    for n in ("query", "key", "value"):
+        getattr(inputs, n).requires_grad_(True)
+    return inputs
+
+
+def _allowed_bias(inputs: Inputs):
+    from reference.masks import structural_mask
+
+    nq, nk = inputs.query.shape[2], inputs.key.shape[2]
+    allowed = structural_mask(nq, nk, is_causal=inputs.is_causal,
+                              causal_alignment=inputs.causal_alignment, window=inputs.window,
+                              device=inputs.query.device)
+    m = inputs.attn_mask
+    bias = None
+    if m is not None and m.dtype == torch.bool:
+        allowed = allowed & m
+    elif m is not None:
+        bias = m
+    return allowed, bias
+
+
+def _sdpa_kwargs(inputs: Inputs) -> dict:
+    return dict(attn_mask=inputs.attn_mask, is_causal=inputs.is_causal, scale=inputs.scale,
+                enable_gqa=inputs.enable_gqa, window=inputs.window,
+                causal_alignment=inputs.causal_alignment)
+
+
+def _reference(inputs: Inputs, backward: bool) -> dict[str, torch.Tensor]:
+    from reference import attention_fp64
+
+    leaves = [getattr(inputs, n).detach().to(torch.float64).requires_grad_(backward)
+              for n in ("query", "key", "value")]
+    with torch.enable_grad():
+        out, lse = attention_fp64(*leaves, return_lse=True, **_sdpa_kwargs(inputs))
+    res = {"out": out.detach(), "lse": lse.detach()}
+    if backward:
+        grads = torch.autograd.grad(out, leaves, inputs.grad_out.to(torch.float64))
+        res.update(zip(GRADS, grads, strict=True))
+    return res
+
+
+def _baseline(inputs: Inputs, ref: dict, backward: bool) -> tuple[dict, list]:
+    """Max abs error per tensor of the emulated flash kernel, and its device buffers."""
+    try:
+        from reference import online_attention
+    except ImportError:  # older checkouts export it only from its module
+        from reference.online import online_attention
+
+    leaves = [getattr(inputs, n).detach().clone().requires_grad_(backward)
+              for n in ("query", "key", "value")]
+    with torch.enable_grad():
+        out = online_attention(*leaves, block_m=BASELINE_BLOCK[0], block_n=BASELINE_BLOCK[1],
+                               order="fa2", precision="emulate", **_sdpa_kwargs(inputs))
+    got = {"out": out.detach()}
+    if backward:
+        got.update(zip(GRADS, torch.autograd.grad(out, leaves, inputs.grad_out), strict=True))
+    errs = {}
+    for n, t in got.items():
+        e = abs_error(t, ref[n])
+        errs[n] = (float(e.max()), float(torch.sqrt((e * e).mean()))) if e.numel() else (0, 0)
+    return errs, [*got.values(), *leaves]
+
+
+def _check_output(name: str, t, like: torch.Tensor, want_shape) -> str | None:
+    if not isinstance(t, torch.Tensor):
+        return f"{name} is {type(t).__name__}, not a tensor"
+    if tuple(t.shape) != tuple(want_shape):
+        return f"{name} has shape {tuple(t.shape)}, expected {tuple(want_shape)}"
+    if t.dtype != like.dtype:
+        return f"{name} has dtype {t.dtype}, expected the input dtype {like.dtype}"
+    if t.device != like.device:
+        return f"{name} is on {t.device}, expected {like.device}"
+    return None
+
+
+def _report(name: str, got: torch.Tensor, want: torch.Tensor, tol: torch.Tensor,
+            apriori: torch.Tensor, baseline: tuple[float, float] | None, rmse_tol: float,
+            out_dtype) -> TensorReport:
+    met = tensor_metrics(got, want, dtype=out_dtype)
+    err = abs_error(got.to(want.device), want)
+    with torch.no_grad():
+        ratio_e = torch.where(err > 0, err / tol, torch.zeros_like(err))
+        ratio_a = torch.where(err > 0, err / apriori, torch.zeros_like(err))
+    n_bad = int((ratio_e > 1).sum())
+    flat = int(torch.argmax(ratio_e.flatten())) if err.numel() else 0
+    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), err.shape)) if (
+        err.numel()) else ()
+    ratio = float(ratio_e.max()) if err.numel() else 0.0
+    ratio_rmse = met.rmse / rmse_tol if rmse_tol > 0 else (math.inf if met.rmse > 0 else 0.0)
+    baseline_err, baseline_rmse = baseline if baseline is not None else (math.nan, math.nan)
+    note = ""
+    if met.n_nonfinite:
+        note = f"{met.n_nonfinite} NaN/Inf where the reference differs"
+    g = got.detach().flatten()
+    return TensorReport(
+        name=name, max_abs=met.max_abs, max_rel=met.max_rel, rmse=met.rmse, bias=met.bias,
+        max_ulps=met.max_ulps, worst_index=idx,
+        got=float(g[flat]) if g.numel() else 0.0,
+        want=float(want.flatten()[flat]) if g.numel() else 0.0,
+        n_bad=n_bad, numel=met.numel,
+        tol=float(tol.flatten()[flat]) if g.numel() else 0.0,
+        baseline_err=baseline_err,
+        apriori=float(apriori.max()) if apriori.numel() else 0.0,
+        ratio=max(ratio, ratio_rmse), ratio_apriori=float(ratio_a.max()) if err.numel() else 0.0,
+        passed=n_bad == 0 and ratio_rmse <= 1 and met.n_nonfinite == 0, note=note,
+        rmse_tol=rmse_tol, baseline_rmse=baseline_rmse, ratio_rmse=ratio_rmse,
+    )
+
+
+def _to_device_inputs(inputs: Inputs, device: str) -> Inputs:
+    moved = {n: (t.to(device) if t is not None else None)
+             for n, t in ((n, getattr(inputs, n)) for n in
+                          ("query", "key", "value", "attn_mask", "grad_out"))}
+    return dataclasses.replace(inputs, **moved)
+
+
+# ------------------------------------------------------------------------------------------
+# the check
+
+
+def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseline: bool = True,
+               inputs: Inputs | None = None) -> Verdict:
+    """Run ``kernel`` on ``case`` and judge it (module docstring). ``inputs`` given: those
+    (captured) tensors instead of ``case.materialize(device)``."""
+    t_start = time.perf_counter()
+    k = as_kernel(kernel, device)
+    verdict = Verdict(case=case, kernel=k.spec, device=device, status="not_run")
+    ok, reason = k.supports(case, device)
+    if not ok:
+        verdict.reason = reason
+        return verdict
+    backward = case.backward
+    if backward:
+        has_bwd, why = k.supports_backward(case, device)
+        if not has_bwd:
+            backward = False
+            verdict.not_run_tensors = {n: why for n in GRADS}
+    clock = _Clock(device)
+
+    fresh = (lambda: case.materialize(device)) if inputs is None else (
+        lambda: _to_device_inputs(inputs, device).clone())
+    inp = fresh()
+    with clock("reference"):
+        ref_dev = _reference(inp, backward)
+    base_errs: dict[str, tuple[float, float]] = {}
+    scratch: list = []
+    if baseline:
+        with clock("baseline"):
+            base_errs, scratch = _baseline(inp, ref_dev, backward)
+    with clock("bounds"):
+        allowed, bias = _allowed_bias(inp)
+        model = error_model(inp.query, inp.key, inp.value, inp.grad_out if backward else None,
+                            allowed=allowed, bias=bias, scale=float(inp.effective_scale),
+                            dtype=case.dtype, tf32=case.tf32)
+        ref = {n: t.to("cpu", torch.float64, copy=True) for n, t in ref_dev.items()}
+        tols, rms_tols, apr = {}, {}, {}
+        for n in ref:
+            floor = model[n].floor.to("cpu", copy=True)
+            apr[n] = model[n].apriori.to("cpu", copy=True)
+            base = base_errs.get(n)
+            tols[n] = tolerance(n, floor, None if base is None else base[0], apr[n])
+            rms_tols[n] = rms_tolerance(n, model[n].floor_acc.to("cpu", copy=True),
+                                        None if base is None else base[1], apr[n])
+    _poison(*ref_dev.values(), *scratch, *(x for b in model.values()
+                                           for x in (b.floor, b.apriori, b.floor_acc)))
+    del ref_dev, scratch, model
+
+    # The kernel, on fresh inputs (twice, for repeatability).
+    run1, run2 = _leaves(fresh(), backward), _leaves(fresh(), backward)
+    snapshot = run1.clone()
+    verdict.timings = clock.t
+
+    def fail(cls: str, why: str) -> Verdict:
+        verdict.status, verdict.failure, verdict.reason = "fail", cls, why
+        verdict.timings["total"] = time.perf_counter() - t_start
+        return verdict
+
+    outs = []
+    for i, run in enumerate((run1, run2)):
+        try:
+            with clock("kernel_fwd" if i == 0 else "kernel_fwd_repeat"), torch.enable_grad():
+                outs.append(k.call(run))
+        except Exception as e:
+            what = "outside its declared domain" if is_clear_rejection(e) else "raised"
+            return fail("raised", f"forward {what}: {describe_exception(e)}")
+    (out, lse), (out2, _) = outs
+    bad = _check_output("output", out, run1.query, run1.query.shape)
+    if bad:
+        return fail("bad_output", bad)
+    mutated = _mutated(run1, snapshot)
+    if mutated:
+        return fail("input_mutated", f"forward changed {', '.join(mutated)}")
+    alias = _aliases(out, run1)
+    if alias:
+        return fail("aliased_output", f"output shares memory with {', '.join(alias)}")
+    nondet = "" if torch.equal(out.detach().contiguous().view(torch.uint8),
+                               out2.detach().contiguous().view(torch.uint8)) else (
+        "two forward calls on identical inputs gave different bits")
+    del out2, run2
+
+    got = {"out": out.detach()}
+    if lse is not None:
+        got["lse"] = lse.detach()
+    if backward:
+        try:
+            with clock("kernel_bwd"):
+                grads = torch.autograd.grad(out, [run1.query, run1.key, run1.value],
+                                            run1.grad_out, allow_unused=True)
+        except Exception as e:
+            return fail("raised", f"backward raised: {describe_exception(e)}")
+        for n, g, like in zip(GRADS, grads, (run1.query, run1.key, run1.value), strict=True):
+            if g is None:
+                return fail("bad_output", f"backward gave no gradient for {n}")
+            bad = _check_output(n, g, like, like.shape)
+            if bad:
+                return fail("bad_output", bad)
+            got[n] = g
+        mutated = _mutated(run1, snapshot)
+        if mutated:
+            return fail("input_mutated", f"backward changed {', '.join(mutated)}")
+
+    out_dtype = case.torch_dtype
+    for n in TENSORS:
+        if n not in got:
+            continue
+        dt = got[n].dtype if n == "lse" else out_dtype
+        want = ref[n]
+        g = got[n]
+        if n == "lse" and g.shape != want.shape:
+            g = g.reshape(want.shape) if g.numel() == want.numel() else g
+            if g.shape != want.shape:
+                return fail("bad_output", f"lse has shape {tuple(got[n].shape)}, "
+                                          f"expected {tuple(want.shape)}")
+        verdict.tensors[n] = _report(n, g, want, tols[n], apr[n], base_errs.get(n), rms_tols[n],
+                                     dt)
+    verdict.timings["total"] = time.perf_counter() - t_start
+    bad_tensors = [t for t in verdict.tensors.values() if not t.passed]
+    if any(t.note for t in bad_tensors):
+        names = ", ".join(t.name for t in bad_tensors if t.note)
+        verdict.status, verdict.failure = "fail", "nonfinite"
+        verdict.reason = f"NaN/Inf where the reference is finite in {names}"
+    elif nondet:
+        verdict.status, verdict.failure, verdict.reason = "fail", "nondeterministic", nondet
+    elif bad_tensors:
+        verdict.status, verdict.failure = "fail", "numerical"
+        verdict.reason = "; ".join(t.message() for t in bad_tensors)
+    else:
+        verdict.status = "pass"
+    return verdict
+
+
+def check_nan_propagation(kernel, case: Case, device: str, *, target: str = "key",
+                          index: tuple[int, int, int, int] = (0, 0, 0, 0)) -> dict:
+    """Put a NaN at ``index`` of the query or key and compare the output rows that became
+    NaN with the rows that should (those whose softmax touches that element, i.e. allowed by
+    the structure and bool mask). An observation, never a failure."""
+    if target not in ("key", "query"):
+        raise ValueError(f"target must be 'key' or 'query', got {target!r}")
+    k = as_kernel(kernel, device)
+    ok, reason = k.supports(case, device)
+    if not ok:
+        return {"kind": "nan_propagation", "status": "not_run", "reason": reason}
+    inp = case.materialize(device)
+    t = getattr(inp, target)
+    if len(index) != 4 or not all(0 <= i < s for i, s in zip(index, t.shape, strict=True)):
+        raise ValueError(f"index must address {target} of shape {tuple(t.shape)}, got {index}")
+    with torch.no_grad():
+        t[index] = math.nan
+    b, h, n, _ = index
+    allowed, _ = _allowed_bias(inp)
+    allowed = allowed.expand(case.B, case.Hq, case.Nq, case.Nk)
+    expected = torch.zeros(case.B, case.Hq, case.Nq, dtype=torch.bool, device=allowed.device)
+    if target == "query":
+        expected[b, h, n] = bool(allowed[b, h, n].any())
+    else:
+        g = case.Hq // case.Hkv
+        heads = slice(h * g, (h + 1) * g)
+        expected[b, heads] = allowed[b, heads, :, n]
+    try:
+        with torch.no_grad():
+            out, _ = k.call(inp)
+    except Exception as e:
+        return {"kind": "nan_propagation", "status": "raised", "reason": describe_exception(e)}
+    nan_rows = torch.isnan(out).any(-1).cpu()
+    expected = expected.cpu()
+
+    def rows(mask):
+        return [list(map(int, r)) for r in torch.nonzero(mask).tolist()]
+
+    return {
+        "kind": "nan_propagation", "status": "observed", "target": target,
+        "index": list(index), "expected_rows": rows(expected), "nan_rows": rows(nan_rows),
+        "missing": rows(expected & ~nan_rows), "extra": rows(nan_rows & ~expected),
+        "match": bool(torch.equal(expected, nan_rows)),
+    }
