@@ -37,7 +37,7 @@ import pytest
 import torch
 
 import reference
-from kernels import attention, attention_fa1
+from kernels import _common, attention, attention_fa1
 from kernels import flash_attention as fa
 from kernels import flash_attention_fa1 as fa1
 
@@ -356,12 +356,12 @@ BANDS = {
 def test_masked_tiles_are_skipped(name):
     """Each program visits exactly the tiles that hold a visible entry, and only the edge
     tiles are masked (counted by the kernels' COUNT_TILES hook)."""
+    if DEVICE != "cpu":
+        pytest.skip("tile counts are checked for the interpreter's fixed 16x16 tiles")
     q, k, v, _, kw = _build(BANDS[name])
     counts = fa.debug_tile_counts(q.detach(), k.detach(), v.detach(), **kw)
     Nq, Nk = q.shape[2], k.shape[2]
-    b = 16  # the interpreter's single config (kernels._common.INTERPRETER_BLOCK)
-    if DEVICE != "cpu":
-        pytest.skip("tile counts are checked for the interpreter's fixed 16x16 tiles")
+    b = _common.INTERPRETER_BLOCK
     for kind, transpose in (("fwd", False), ("dq", False), ("dkdv", True)):
         want = _visible_tiles(Nq, Nk, b, b, kw, transpose)
         got = counts[kind][:len(want)].tolist()
@@ -395,11 +395,26 @@ def test_band_equals_dense_mask(name):
 
 
 def test_fa1_skips_pairs():
+    """FA1 computes exactly the (K tile, Q tile) pairs that hold a visible entry."""
     q, k, v, _, kw = _build(BANDS["causal-br"])
+    bm, bn = fa1._fa1_blocks(q.shape[-1], q.dtype)
     n = int(fa1.fa1_tile_counts(q.detach(), k.detach(), v.detach(), **kw).sum())
-    want = sum(w[0] for w in _visible_tiles(30, 70, 16, 16, kw))
-    if DEVICE == "cpu":
-        assert n == want
+    assert n == sum(w[0] for w in _visible_tiles(q.shape[2], k.shape[2], bm, bn, kw))
+
+
+@pytest.mark.parametrize("kind", ["fwd", "dq", "dkdv"])
+@pytest.mark.parametrize("D, elem, n_min", [(64, 2, 3), (128, 2, 3), (256, 2, 1), (128, 4, 1)])
+def test_keep_filter(kind, D, elem, n_min):
+    """keep() leaves a small set within shared memory (H200: 227 KiB per block), and fp32 at
+    D = 256 needs the fallback tiles."""
+    limit = 232448
+    kept = [p for p in _common.grid_points() if _common.keep(kind, p, D, elem, limit)]
+    assert n_min <= len(kept) <= 9
+    assert all(_common.smem_bytes(kind, o, i, D, elem, s) <= limit for o, i, _, s in kept)
+    assert all((w == 8) == (o == 128) for o, _, w, _ in kept)
+    assert not [p for p in _common.grid_points() if _common.keep(kind, p, 256, 4, limit)]
+    assert any(_common.smem_bytes(kind, o, i, 256, 4, s) <= limit
+               for o, i, _, s in _common.FALLBACK)
 
 
 # ----------------------------------------------------------------------------- errors
