@@ -3,9 +3,11 @@ the textbook ``reference.naive_attention``.
 
 - against mpmath at 50 digits on tiny problems (moderate and huge logits, masks, -inf
   biases, dead rows), to 1e-12 relative;
-- gradients by ``torch.autograd.gradcheck`` (output and lse);
+- gradients by ``torch.autograd.gradcheck`` (output and lse; full and broadcast additive
+  masks); double backward raises NotImplementedError;
 - agreement with PyTorch's SDPA in float64 where SDPA defines the same thing;
-- chunking invariance, and the no-grad path equal to the autograd path;
+- chunking invariance of output, lse and every gradient, the no-grad path equal to the
+  autograd path, and an autograd graph that keeps no per-chunk tensor;
 - fully-masked rows: 0 output, -inf lse, zero gradients, no NaN;
 - ``structural_mask`` against its definition, element by element;
 - ``naive_attention`` (every upcast/reorder_ops variant) on float64 inputs equals the oracle,
@@ -151,20 +153,98 @@ def test_matches_torch_sdpa_float64(opts):
     torch.testing.assert_close(got, want, rtol=0, atol=ORACLE_RTOL)
 
 
-@given(kw=tiny_problems(max_n=12, max_d=4), chunk=st.integers(1, 12))
-def test_chunking_and_nograd_path_agree(kw, chunk):
-    """Any chunk size gives the same result; the no-grad path equals the autograd one."""
+def _leaves(kw):
+    """Pop query/key/value (and a floating attn_mask) from ``kw`` as fresh leaves with grad."""
+    names = ["query", "key", "value"]
+    if kw["attn_mask"] is not None and kw["attn_mask"].dtype != torch.bool:
+        names.append("attn_mask")
+    return [kw.pop(n).detach().clone().requires_grad_(True) for n in names]
+
+
+def _forced_chunks(mp, rows: int, kw) -> None:
+    """Make ``attention_fp64`` work ``rows`` query rows at a time on this problem."""
+    B, Hq = kw["query"].shape[:2]
+    mp.setattr(exact_mod, "_CHUNK_ELEMS", rows * B * Hq * kw["key"].shape[2])
+
+
+@given(kw=tiny_problems(max_n=12, max_d=4), chunk=st.integers(1, 12), seed=st.integers(0, 99))
+def test_chunking_and_nograd_path_agree(kw, chunk, seed):
+    """Any chunk size gives the same output, lse and gradients (q, k, v, additive mask, via
+    both out and lse); the no-grad path equals the autograd one."""
     whole_out, whole_lse = reference.attention_fp64(**kw, return_lse=True)
-    B, Hq, _, _ = kw["query"].shape
-    Nk = kw["key"].shape[2]
-    q = kw.pop("query").clone().requires_grad_(True)
+    g = torch.Generator().manual_seed(seed)
+    dout = torch.randn(whole_out.shape, generator=g, dtype=torch.float64)
+    dlse = torch.randn(whole_lse.shape, generator=g, dtype=torch.float64)
+    live = whole_lse > -torch.inf
+    grads = []
+    for rows in (kw["query"].shape[2], chunk):
+        leaves = _leaves(dict(kw))
+        args = dict(kw, **dict(zip(["query", "key", "value", "attn_mask"], leaves, strict=False)))
+        with pytest.MonkeyPatch.context() as mp:
+            _forced_chunks(mp, rows, kw)
+            out, lse = reference.attention_fp64(**args, return_lse=True)
+            assert out.requires_grad and lse.requires_grad
+            # Same float64 formulas; only BLAS blocking may differ between chunk shapes.
+            torch.testing.assert_close(out.detach(), whole_out, rtol=0, atol=ORACLE_RTOL)
+            torch.testing.assert_close(lse.detach(), whole_lse, rtol=0, atol=ORACLE_RTOL)
+            loss = (out * dout).sum() + (lse[live] * dlse[live]).sum()
+            grads.append(torch.autograd.grad(loss, leaves))
+    for a, b in zip(*grads, strict=True):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=0, atol=ORACLE_RTOL * max(b.abs().max().item(), 1.0))
+
+
+@pytest.mark.parametrize(
+    "shape", [(5, 6), (1, 1, 1, 6), (2, 1, 5, 1), (1, 2, 5, 6), (2, 2, 1, 6)],
+    ids=["qk", "k", "bq", "hqk", "bhk"],
+)
+def test_gradcheck_broadcast_additive_mask(shape):
+    """The mask gradient is dS summed over the broadcast dims, accumulated over query
+    chunks when the mask has no query dim (2-row chunks force several of them)."""
+    kw = make_problem(B=2, Hq=2, Hkv=1, Nq=5, Nk=6, D=3, seed=11, is_causal=True)
+    g = torch.Generator().manual_seed(12)
+    kw["attn_mask"] = torch.randn(shape, generator=g, dtype=torch.float64)
+    inputs = tuple(_leaves(kw))
+
+    def f(q, k, v, mask):
+        out, lse = reference.attention_fp64(q, k, v, mask, **kw, return_lse=True)
+        return out, lse
+
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(exact_mod, "_CHUNK_ELEMS", chunk * B * Hq * Nk)
-        out, lse = reference.attention_fp64(q, **kw, return_lse=True)
-    assert out.requires_grad
-    # Same float64 formulas; only BLAS blocking may differ between the two shapes.
-    torch.testing.assert_close(out.detach(), whole_out, rtol=0, atol=ORACLE_RTOL)
-    torch.testing.assert_close(lse.detach(), whole_lse, rtol=0, atol=ORACLE_RTOL)
+        _forced_chunks(mp, 2, dict(kw, query=inputs[0], key=inputs[1]))
+        assert torch.autograd.gradcheck(f, inputs)
+
+
+def test_autograd_saves_no_per_chunk_tensors():
+    """The graph keeps q, k, v, out, the mask and two row statistics: O(N·D), no scores."""
+    B, Hq, Nq, Nk, D = 1, 2, 64, 48, 4
+    kw = make_problem(B=B, Hq=Hq, Hkv=1, Nq=Nq, Nk=Nk, D=D, seed=5, mask="additive")
+    leaves = _leaves(kw)
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel())
+        return t
+
+    with pytest.MonkeyPatch.context() as mp, torch.autograd.graph.saved_tensors_hooks(
+        pack, lambda t: t
+    ):
+        _forced_chunks(mp, 8, dict(kw, query=leaves[0], key=leaves[1]))
+        out, lse = reference.attention_fp64(*leaves, **kw, return_lse=True)
+    mask_numel = B * Hq * Nq * Nk
+    # q, k, v, out, m, l and the mask, each at most once.
+    budget = B * Hq * Nq * D * 2 + 2 * B * 1 * Nk * D + 2 * B * Hq * Nq + mask_numel
+    assert sum(saved) <= budget, saved
+    out.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in leaves)
+
+
+def test_double_backward_raises():
+    kw = make_problem(B=1, Hq=1, Hkv=1, Nq=3, Nk=4, D=2, seed=1)
+    q = kw.pop("query").requires_grad_(True)
+    out = reference.attention_fp64(q, **kw)
+    with pytest.raises(NotImplementedError, match="double backward"):
+        torch.autograd.grad(out.sum(), q, create_graph=True)
 
 
 DEAD_ROW_CASES = {
