@@ -202,3 +202,43 @@ def run_gate(kernel: Any, *, kernel_spec: str, device: str, profile: str, budget
     for f in rep["failures"][:10]:
         print(f"FAIL {f['summary']}\n  replay: {f['replay']}")
     return 1 if bad else 0
+
+
+def reseed_spread(kernel: Any, cases: list[Any], device: str, shifts: tuple[int, ...],
+                  *, quiet: bool = False) -> dict[str, float]:
+    """How far the per-configuration worst ratio moves when every case is redrawn with other
+    seeds (same shapes and arithmetic, new rounding realisation). Returns, per configuration
+    that ran every time, max(ratio) / min(ratio) over the original and shifted seeds; this is
+    the measurement behind :data:`HEADROOM`."""
+    import dataclasses
+
+    from verify.sweep import run_cases
+
+    per_label: dict[str, list[float]] = {}
+    for shift in (0, *shifts):
+        moved = [dataclasses.replace(c, seed=(c.seed + shift) % 2**32) for c in cases]
+        records = run_cases(kernel, moved, device, kernel_spec="-", failures_dir=None,
+                            what=f"reseed+{shift}", quiet=quiet)
+        rep = R.build_report(records, header={"kernel": "-", "device": device})
+        for c in rep["configs"]:
+            if c["status"] == "pass" and c["worst_ratio"] is not None:
+                per_label.setdefault(c["label"], []).append(R._f(c["worst_ratio"]))
+    runs = 1 + len(shifts)
+    return {lab: max(rs) / max(min(rs), RATIO_FLOOR) for lab, rs in per_label.items()
+            if len(rs) == runs}
+
+
+if __name__ == "__main__":
+    import os
+    import sys
+
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    from verify.adapters import resolve_kernel
+    from verify.strategies import fixed_sweep
+
+    spec = sys.argv[1] if len(sys.argv) > 1 else "triton"
+    dev = "cpu"
+    spread = reseed_spread(resolve_kernel(spec, dev), fixed_sweep("cpu"), dev, (1000, 2000))
+    for lab, s in sorted(spread.items(), key=lambda kv: -kv[1]):
+        print(f"{s:6.3f}  {lab}")
+    print(f"max spread over {len(spread)} configurations: {max(spread.values()):.3f}")

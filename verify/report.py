@@ -281,6 +281,9 @@ def build_report(
                     "apriori": _f(t.get("apriori")), "baseline_err": _f(t.get("baseline_err")),
                 })
 
+    # Failures first, then passes, then what did not run; by configuration name within each.
+    rank = {"fail": 0, "pass": 1, "not_run": 2}
+    configs.sort(key=lambda c: (rank[c["status"]], _natural(c["label"])))
     counts = Counter(v["status"] for v in verdicts)
     summary = {
         "cases": len(verdicts),
