@@ -74,7 +74,7 @@ def _scores(q, k, scale, allowed, bias, j0, j1):
     s = (q @ k[:, :, j0:j1].transpose(-1, -2)) * scale
     if bias is not None:
         s = s + bias[..., j0:j1]
-    ok = allowed[..., j0:j1].expand(s.shape) & (s > -math.inf)
+    ok = allowed[..., j0:j1].expand(s.shape) & (s != -math.inf)  # NaN stays in
     return torch.where(ok, s, torch.full_like(s, -math.inf)), ok
 
 
@@ -104,7 +104,7 @@ class _Blocked(torch.autograd.Function):
             l = l * alpha + p.sum(-1, keepdim=True)
             acc = acc * alpha + _rnd(p, dtype, drop) @ v[:, :, j0:j1]
             m = m_new
-        live = l > 0
+        live = l != 0  # a NaN row sum stays live: NaN inputs must reach the output
         out = torch.where(live, acc / torch.where(live, l, torch.ones_like(l)), 0.0).to(dtype)
         lse = torch.where(live, m + torch.log(torch.where(live, l, torch.ones_like(l))),
                           torch.full_like(l, -math.inf))
@@ -184,7 +184,7 @@ def dense_fp64(query, key, value, attn_mask=None, is_causal=False, scale=None,
     s = (query @ k.transpose(-1, -2)) * scale
     if bias is not None:
         s = s + bias.double()
-    ok = allowed.expand(s.shape) & (s > -math.inf)
+    ok = allowed.expand(s.shape) & (s != -math.inf)
     s = torch.where(ok, s, torch.full_like(s, -math.inf))
     m = s.amax(-1, keepdim=True).detach()
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))

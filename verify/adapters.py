@@ -61,7 +61,7 @@ _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torc
 _CLEAR_RUNTIME = (
     "not supported", "no available kernel", "not implemented", "unsupported",
     "only supports", "is not available", "expected all tensors to be on the same device",
-    "must be", "requires",
+    "must be", "requires", "does not require grad",
 )
 _SDPA_BACKENDS = {
     "sdpa-math": "MATH",

@@ -62,7 +62,7 @@ def _num(x: float):
 
 
 def _unnum(x):
-    return float(x) if isinstance(x, str) else x
+    return float(x) if x in ("nan", "inf", "-inf") else x
 
 
 @dataclass

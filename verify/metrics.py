@@ -83,7 +83,8 @@ def ulp(x: torch.Tensor, dtype: torch.dtype | str) -> torch.Tensor:
     p, emin = _FORMAT[dtype_name(dtype)]
     a = x.detach().to(torch.float64).abs()
     _, e = torch.frexp(a)  # a = m * 2^e, m in [0.5, 1): floor(log2 a) = e - 1
-    e = torch.clamp(e.to(torch.float64) - 1, min=float(emin))
+    e = torch.where(a > 0, e.to(torch.float64) - 1, torch.full_like(a, float(emin)))
+    e = torch.clamp(e, min=float(emin))
     out = torch.exp2(e - p)
     return torch.where(torch.isfinite(a), out, torch.full_like(out, math.nan))
 

@@ -1,0 +1,166 @@
+"""verify.check: verdicts, anti-cheat failure classes, NaN propagation, serialisation."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+
+from tests.fixtures_kernels import blocked_attention
+from verify.cases import Case
+from verify.check import Verdict, check_case, check_nan_propagation, error_ratio
+
+CASE = Case(B=1, Hq=2, Hkv=2, Nq=16, Nk=24, D=16, dtype="float16", is_causal=True, seed=5)
+SAME_SHAPE_OTHER_SEED = Case(B=1, Hq=2, Hkv=2, Nq=16, Nk=24, D=16, dtype="float16",
+                             is_causal=True, seed=6)
+
+
+def _wrap(post):
+    """A kernel that runs the correct blocked kernel, then ``post(out, q, k, v)``."""
+    def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                  scale=None, enable_gqa=False):
+        out = blocked_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                enable_gqa)
+        return post(out, query, key, value)
+    return attention
+
+
+def _mutates(out, q, k, v):
+    with torch.no_grad():
+        k[0, 0, 0, 0] = 0.5 if float(k[0, 0, 0, 0]) != 0.5 else 0.25
+    return out
+
+
+_calls = {"n": 0}
+
+
+def _flips_a_bit(out, q, k, v):
+    _calls["n"] += 1
+    bump = torch.zeros_like(out)
+    if _calls["n"] % 2:
+        bump.view(-1)[0] = torch.finfo(out.dtype).eps * out.detach().reshape(-1)[0].abs()
+    return out + bump
+
+
+def _raises(out, q, k, v):
+    raise IndexError("tile index 3 out of range")
+
+
+def _wrong_dtype(out, q, k, v):
+    return out.float()
+
+
+def _nan_row(out, q, k, v):
+    out = out.clone()
+    with torch.no_grad():
+        out[0, 0, 3] = math.nan
+    return out
+
+
+_cache: dict = {}
+
+
+def _caches_by_shape(out, q, k, v):
+    return _cache.setdefault(tuple(q.shape), out.detach().clone())
+
+
+@pytest.mark.parametrize(
+    "post, failure, reason_part",
+    [
+        (_mutates, "input_mutated", "key"),
+        (lambda out, q, k, v: q, "aliased_output", "query"),
+        (_flips_a_bit, "nondeterministic", "different bits"),
+        (_raises, "raised", "IndexError: tile index 3 out of range (test_check.py:"),
+        (_wrong_dtype, "bad_output", "dtype torch.float32"),
+        (_nan_row, "nonfinite", "out"),
+    ],
+    ids=["mutates", "aliases", "nondeterministic", "raises", "wrong_dtype", "nan_row"],
+)
+def test_anti_cheat_failure_classes(post, failure, reason_part):
+    v = check_case(_wrap(post), CASE, "cpu")
+    assert (v.status, v.failure) == ("fail", failure), v.summary()
+    assert reason_part in v.reason
+
+
+def test_shape_cache_replay_is_caught_by_fresh_seeds():
+    _cache.clear()
+    kernel = _wrap(_caches_by_shape)
+    fwd = dict(backward=False)  # the cached tensor carries no graph
+    assert check_case(kernel, dataclasses.replace(CASE, **fwd), "cpu").status == "pass"
+    v = check_case(kernel, dataclasses.replace(SAME_SHAPE_OTHER_SEED, **fwd), "cpu")
+    assert v.failure == "numerical" and "out:" in v.summary()
+
+
+def test_torch_empty_kernel_reads_poison_not_the_reference():
+    def empty(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+              enable_gqa=False):
+        return torch.empty_like(query)
+
+    assert check_case(empty, CASE, "cpu").status == "fail"
+
+
+@pytest.mark.parametrize("case", [
+    CASE,
+    Case(B=2, Hq=4, Hkv=2, Nq=9, Nk=33, D=40, dtype="bfloat16", seed=7),
+    Case(B=1, Hq=2, Hkv=2, Nq=20, Nk=20, D=64, dtype="float32",
+         mask={"kind": "key_padding", "lengths": [7]}, seed=8),
+    Case(B=1, Hq=2, Hkv=1, Nq=12, Nk=30, D=16, dtype="float16", window=(5, 5),
+         causal_alignment="bottom_right", layout="strided", seed=9),
+], ids=lambda c: c.short())
+def test_sdpa_math_passes(case):
+    v = check_case("sdpa-math", case, "cpu")
+    assert v.status == "pass", v.summary()
+    assert set(v.tensors) == {"out", "dq", "dk", "dv"}
+    assert {"reference", "baseline", "kernel_fwd", "kernel_bwd", "total"} <= set(v.timings)
+
+
+def test_kernel_without_backward_reports_gradients_not_run():
+    def fwd_only(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                 scale=None, enable_gqa=False):
+        with torch.no_grad():
+            return blocked_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                     enable_gqa)
+
+    v = check_case(fwd_only, CASE, "cpu")
+    assert v.status == "pass" and set(v.tensors) == {"out"}
+    assert set(v.not_run_tensors) == {"dq", "dk", "dv"}
+    assert "kernel has no backward" in v.not_run_tensors["dq"]
+
+
+def test_outside_domain_is_not_run_with_reason():
+    def fp16_only(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                  scale=None, enable_gqa=False):
+        return blocked_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                 enable_gqa)
+
+    fp16_only.capabilities = {"dtypes": ("float16",)}
+    v = check_case(fp16_only, Case(B=1, Hq=1, Hkv=1, Nq=4, Nk=4, D=8, dtype="float32"), "cpu")
+    assert v.status == "not_run" and "float32" in v.reason
+
+
+def test_verdict_round_trip_summary_and_ratio():
+    v = check_case(_wrap(lambda out, q, k, v: out * 1.01), CASE, "cpu")
+    assert v.failure == "numerical" and error_ratio(v) > 1
+    v.case_file = "failures/ab12cd.json"
+    s = v.summary()
+    assert s.startswith("out: ") and "elements off (worst at [" in s and "got " in s
+    assert "want " in s and "> tol" in s and s.endswith("replay: flashcheck repro "
+                                                         "failures/ab12cd.json")
+    d = json.loads(json.dumps(v.to_dict(), allow_nan=False))
+    back = Verdict.from_dict(d)
+    assert back.case == v.case and back.failure == v.failure
+    assert back.tensors["out"].worst_index == v.tensors["out"].worst_index
+    assert error_ratio(back) == pytest.approx(error_ratio(v))
+
+
+@pytest.mark.parametrize("target, index", [("key", (0, 1, 5, 3)), ("query", (0, 0, 7, 0))])
+def test_nan_propagation_reaches_exactly_the_affected_rows(target, index):
+    obs = check_nan_propagation(blocked_attention, CASE, "cpu", target=target, index=index)
+    assert obs["kind"] == "nan_propagation" and obs["match"], obs
+    if target == "key":  # causal: rows i >= 5 of head 1 see key 5
+        assert obs["expected_rows"] == [[0, 1, i] for i in range(5, 16)]
+    else:
+        assert obs["expected_rows"] == [[0, 0, 7]]
