@@ -11,20 +11,26 @@ and tensor). Then every correct-but-different kernel of `verify/controls/` is fu
 way for the rest of the budget; any failure there is a *false alarm*. The false-alarm table
 gives the examples run and the worst error ratio (observed / tolerance; a pass is < 1).
 
-Budget: ``--budget-s`` is the wall-clock time of the whole self-test. Kernels run one after
-another, mutants first; each gets ``remaining budget / kernels left`` as its campaign's time
-box, so the time that quick kills leave over goes to the kernels after them (in practice, to
-the controls). The box is checked between examples, and a shrink is never cut short, so the
-run can end later than the budget by about one shrink.
+Budget: ``--budget-s`` is the wall-clock time of the whole self-test. The mutants share
+MUTANT_SHARE of it, in rounds: in each round every surviving mutant gets ``(mutant time
+left) / (mutants left in the round)`` as its campaign's time box, so time that quick kills
+leave goes to the mutants after them; a mutant that survives a round gets a fresh campaign
+with the next seed in the next round, until the mutants' time is spent. Restarts matter:
+one long campaign climbs toward the largest error ratio (``target()``) and keeps drawing
+near its best case, while a new seed starts a new search. Times and examples to the first
+failure add up over a mutant's rounds. The controls then share what is left, one campaign
+each with ``--seed``. Boxes are checked between examples, and a shrink is never cut short,
+so the run can end later than the budget by about one shrink.
 
-Repeatability: every campaign uses ``--seed`` (Hypothesis's random choices) and starts from an
-empty example database (``DIR/<kernel>/hypothesis-db`` is removed first), so the same seed on
-the same machine draws the same examples; only how many fit in a time box depends on speed.
+Repeatability: every campaign starts from an empty example database
+(``DIR/<kernel>/hypothesis-db`` is removed first) and a seed derived from ``--seed``, so the
+same seed on the same machine draws the same examples; only how many fit in a time box
+depends on speed.
 
 Output: the two tables on stdout, ``DIR/mutants.json`` and ``DIR/mutants.md``, each kernel's
-campaign log and case files under ``DIR/<kernel>/``; with ``--write-docs`` also
-``docs/mutants.md``. Exit 1 when a mutant survives or a control fails, 2 on a usage error,
-0 otherwise.
+campaign log and case files under ``DIR/<kernel>/`` (emptied at the start of a run); with
+``--write-docs`` also ``docs/mutants.md``. Exit 1 when a mutant survives or a control
+fails, 2 on a usage error, 0 otherwise.
 
 Caveat: the per-example verdicts (for "examples needed" and the worst error ratio) are
 observed by wrapping ``verify.check.check_case`` while ``Campaign._property`` builds its
@@ -48,6 +54,11 @@ from pathlib import Path
 DEFAULT_OUT = "flashcheck-out/mutants"
 DEFAULT_BUDGET_S = 900.0
 DEFAULT_SEED = 0
+# The mutants' share of the budget; the controls get the rest plus what the mutants leave.
+MUTANT_SHARE = 0.6
+# A campaign shorter than this is hardly more than its set-up (kernel resolution, the first
+# example's Hypothesis overhead); no box is made shorter.
+MIN_BOX_S = 2.0
 DOCS_PATH = Path(__file__).resolve().parent.parent / "docs" / "mutants.md"
 
 
@@ -64,6 +75,7 @@ class CampaignResult:
     shrunk: str = ""  # Case.short() of the shrunk failure
     caught_by: str = ""  # failure class: tensor (or reason)
     error: str = ""  # the campaign itself raised (usage/environment problem)
+    rounds: int = 1  # campaigns run (a survivor gets another, with the next seed)
 
 
 @dataclass
@@ -147,7 +159,8 @@ def run_campaign(spec: str, device: str, *, seconds: float, seed: int, out: Path
                  quiet: bool = True) -> CampaignResult:
     """Fuzz ``spec`` on ``device`` for ``seconds`` with ``verify.fuzz.Campaign``.
 
-    Stops at the first (shrunk) failure. The campaign's printout goes to ``out/fuzz.log``.
+    Stops at the first (shrunk) failure. The campaign's printout is appended to
+    ``out/fuzz.log``; its example database ``out/hypothesis-db`` is removed first.
     """
     import verify.check
     from verify.adapters import resolve_kernel
@@ -174,7 +187,7 @@ def run_campaign(spec: str, device: str, *, seconds: float, seed: int, out: Path
 
     shutil.rmtree(out / "hypothesis-db", ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "fuzz.log", "w", encoding="utf-8") as log, contextlib.redirect_stdout(log):
+    with open(out / "fuzz.log", "a", encoding="utf-8") as log, contextlib.redirect_stdout(log):
         try:
             kernel = resolve_kernel(spec, device)
             campaign = _Observed(kernel, kernel_spec=spec, device=device, out=out,
@@ -204,8 +217,18 @@ def run_campaign(spec: str, device: str, *, seconds: float, seed: int, out: Path
     return res
 
 
-def _box(budget_s: float, started: float, kernels_left: int) -> float:
-    return max(budget_s - (time.monotonic() - started), 0.0) / kernels_left
+def _merge(before: CampaignResult | None, res: CampaignResult) -> CampaignResult:
+    """One mutant's rounds as one result: times and example counts add up."""
+    if before is None:
+        return res
+    res.rounds = before.rounds + 1
+    if res.first_fail_s is not None:
+        res.first_fail_s += before.wall_s
+        res.first_fail_examples += before.examples
+    res.examples += before.examples
+    res.wall_s += before.wall_s
+    res.worst_ratio = max(res.worst_ratio, before.worst_ratio)
+    return res
 
 
 def run_selftest(*, device: str, budget_s: float, seed: int, out: Path,
@@ -220,20 +243,38 @@ def run_selftest(*, device: str, budget_s: float, seed: int, out: Path,
     ctrls = list(CONTROLS) if controls else []
     st = SelfTest(device=device, seed=seed, budget_s=budget_s, command=command,
                   versions=R.versions())
+    for name in [m.name for m in mutants] + [c.name for c in ctrls]:
+        shutil.rmtree(out / name, ignore_errors=True)  # this run's logs and case files only
     started = time.monotonic()
-    left = len(mutants) + len(ctrls)
+    pool_end = started + budget_s * (MUTANT_SHARE if ctrls else 1.0)
+    results: dict[str, CampaignResult] = {}
+    pending = list(mutants)
+    rnd = 0
+    while pending:
+        survivors = []
+        for i, m in enumerate(pending):
+            box = (pool_end - time.monotonic()) / (len(pending) - i)
+            if box < MIN_BOX_S and m.name in results:
+                survivors.append(m)
+                continue
+            res = _merge(results.get(m.name),
+                         run_campaign(m.spec, device, seconds=max(box, MIN_BOX_S),
+                                      seed=seed + rnd, out=out / m.name))
+            results[m.name] = res
+            if res.case_file is None and not res.error:
+                survivors.append(m)
+        if len(survivors) == len(pending) and pool_end - time.monotonic() < MIN_BOX_S:
+            break
+        pending, rnd = survivors, rnd + 1
     for m in mutants:
-        res = run_campaign(m.spec, device, seconds=_box(budget_s, started, left), seed=seed,
-                           out=out / m.name)
-        left -= 1
-        row = KillRow(m.name, m.kind, m.impl, m.bug, killed=res.case_file is not None,
-                      result=res)
+        row = KillRow(m.name, m.kind, m.impl, m.bug, killed=results[m.name].case_file is not None,
+                      result=results[m.name])
         st.kills.append(row)
         echo(_kill_line(row))
-    for c in ctrls:
-        res = run_campaign(c.spec, device, seconds=_box(budget_s, started, left), seed=seed,
+    for i, c in enumerate(ctrls):
+        box = (started + budget_s - time.monotonic()) / (len(ctrls) - i)
+        res = run_campaign(c.spec, device, seconds=max(box, MIN_BOX_S), seed=seed,
                            out=out / c.name)
-        left -= 1
         row = ControlRow(c.name, c.what, passed=res.first_fail_s is None and not res.error,
                          result=res)
         st.controls.append(row)

@@ -1,0 +1,109 @@
+"""The mutation self-test (`flashcheck mutants`): both tables on a CI budget, and its plumbing.
+
+`test_every_mutant_killed_no_false_alarm` is the CI gate of issue #5: the whole catalogue and
+every control, fuzzed through the `flashcheck fuzz` path with a fixed seed inside CI_BUDGET_S;
+it asserts 100% killed and 0 false alarms. The other tests pin the command's wiring (the CLI
+delegates to it, user-facing fuzz catches a mutant by file path) and its table logic.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from verify import cli, selftest
+from verify.controls import CONTROLS
+from verify.mutants import CATALOGUE, by_name
+
+# Wall-clock budget of the CI self-test. Both tables must fit in 5 minutes on 2 CPU cores
+# alongside the rest of the suite; a shrink may overrun the budget by one shrink (~10 s).
+CI_BUDGET_S = 200.0
+CI_SEED = 0
+
+
+def test_every_mutant_killed_no_false_alarm(tmp_path, device):
+    rc = selftest.main(["--device", device, "--budget-s", str(CI_BUDGET_S),
+                        "--seed", str(CI_SEED), "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "mutants.json").read_text())
+    survivors = [r["name"] for r in data["mutants"] if not r["killed"]]
+    alarms = {r["name"]: r["result"]["caught_by"] or r["result"]["error"]
+              for r in data["controls"] if not r["passed"]}
+    assert {r["name"] for r in data["mutants"]} == {m.name for m in CATALOGUE}
+    assert {r["name"] for r in data["controls"]} == {c.name for c in CONTROLS}
+    assert not survivors, f"mutants survived: {survivors}"
+    assert not alarms, f"false alarms: {alarms}"
+    assert all(r["result"]["examples"] > 0 for r in data["controls"])
+    assert rc == 0
+
+
+def test_cli_delegates_and_writes_both_tables(tmp_path, device):
+    rc = cli.main(["mutants", "--device", device, "--only", "tail_unmasked",
+                   "--budget-s", "30", "--out", str(tmp_path)])
+    assert rc == 0
+    text = (tmp_path / "mutants.md").read_text()
+    assert "## Kill table" in text and "## False-alarm table" in text
+    assert "`tail_unmasked`" in text
+    row = json.loads((tmp_path / "mutants.json").read_text())["mutants"][0]
+    assert row["killed"] and row["result"]["case_file"]
+
+
+@pytest.mark.parametrize("name", ["rescale_div_l", "contiguous_strides"])
+def test_user_fuzz_path_catches_a_mutant(tmp_path, device, name):
+    """`flashcheck fuzz --kernel verify/mutants/NAME.py:attention` exits 1 (PyTorch, Triton)."""
+    spec = f"verify/mutants/{name}.py:attention"
+    rc = cli.main(["fuzz", "--kernel", spec, "--device", device, "--minutes", "1",
+                   "--seed", str(CI_SEED), "--out", str(tmp_path)])
+    assert rc == 1
+    assert list((tmp_path / "failures").glob("*.json"))
+
+
+def _result(**kw) -> selftest.CampaignResult:
+    return selftest.CampaignResult(**{"examples": 3, "wall_s": 1.0, **kw})
+
+
+def _selftest(killed: bool, passed: bool) -> selftest.SelfTest:
+    m = by_name("rescale_div_l")
+    st = selftest.SelfTest(device="cpu", seed=0, budget_s=10.0, command="flashcheck mutants",
+                           versions={"torch": "x"})
+    hit = _result(first_fail_s=0.5, first_fail_examples=2, case_file="c.json",
+                  shrunk="fp16 B1", caught_by="numerical: out")
+    st.kills.append(selftest.KillRow(m.name, m.kind, m.impl, m.bug, killed=killed,
+                                     result=hit if killed else _result()))
+    st.controls.append(selftest.ControlRow("blocked_fa2", "base", passed=passed,
+                                           result=_result(worst_ratio=0.5 if passed else 3.0)))
+    return st
+
+
+@pytest.mark.parametrize(("killed", "passed", "rc"),
+                         [(True, True, 0), (False, True, 1), (True, False, 1)])
+def test_exit_code_and_tables(tmp_path, monkeypatch, killed, passed, rc):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(selftest, "run_selftest", lambda **kw: _selftest(killed, passed))
+    assert selftest.main(["--device", "cpu", "--out", str(tmp_path)]) == rc
+    text = (tmp_path / "mutants.md").read_text()
+    assert ("**NO**" in text) == (not (killed and passed))
+    data = json.loads((tmp_path / "mutants.json").read_text())
+    assert data["summary"]["killed"] == int(killed)
+    assert data["summary"]["false_alarms"] == int(not passed)
+
+
+@pytest.mark.parametrize("argv", [["--budget-s", "0"], ["--budget-s", "nan"],
+                                  ["--only", "no_such_mutant"], ["--device", "tpu"]])
+def test_usage_errors_exit_2(argv, monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert selftest.main([*argv, "--out", str(tmp_path)]) == 2
+
+
+@pytest.mark.parametrize(("verdict", "want"), [
+    ({"failure": "numerical", "tensors": {"out": {"passed": True, "ratio": 0.5},
+                                          "dk": {"passed": False, "ratio": 7.0},
+                                          "dq": {"passed": False, "ratio": 2.0}}},
+     "numerical: dk"),
+    ({"failure": "nonfinite", "tensors": {"out": {"passed": False, "ratio": "inf"}}},
+     "nonfinite: out"),
+    ({"failure": "input_mutated", "reason": "forward changed query", "tensors": {}},
+     "input_mutated: forward changed query"),
+])
+def test_caught_by_names_class_and_tensor(verdict, want):
+    assert selftest._caught_by(verdict) == want
