@@ -39,7 +39,7 @@ TENSORS = ("out", "lse", "dq", "dk", "dv")
 # Two rules per tensor, both against the emulated baseline on the same inputs:
 # - elementwise: err_i <= max(K_RULE[T] * max_abs(baseline), floor_i) catches a few bad
 #   elements (a boundary tile, a masked row);
-# - aggregate: rmse <= max(K_RMS[T] * rmse(baseline), rms(floor) / sqrt(3)) catches a kernel
+# - aggregate: rmse <= max(K_RMS[T] * rmse(baseline), rms(floor_acc) / sqrt(3)) catches a kernel
 #   uniformly k times worse. The max abs of correct kernels scatters too much (it is the tail
 #   of ~1e4 samples) to separate 3x from 1x by itself; the RMSE is a mean over all elements
 #   and the ratio between correct kernels stays near 1.
@@ -47,14 +47,17 @@ TENSORS = ("out", "lse", "dq", "dk", "dv")
 # cases the correct kernels (emulate model with other tiles, a blocked PyTorch fp32-acc kernel,
 # fp32 throughout, sdpa-math) had max-abs ratios up to CALIBRATED_MAX_RATIO and RMSE ratios
 # within CALIBRATED_RMS_RATIO (min, max) of the baseline. K_RMS sits above the largest RMSE
-# ratio and below 3 * the smallest flash-class ratio, so 3x a correct flash kernel fails.
+# ratio and below 3 * 0.59, the smallest flash-class ratio except dq with tiles of 16 / FA1
+# order (0.51): 3x a correct flash kernel fails, except 3x that luckiest one on its best
+# cases (a stated gap; docs/bounds.md).
 K_RULE = {"out": 2.5, "dq": 2.5, "dk": 2.5, "dv": 2.5}  # > max max-abs ratio 1.95
-K_RMS = {"out": 1.75, "dq": 1.75, "dk": 1.75, "dv": 1.75}  # > max RMSE ratio 1.42, < 3 * 0.58
+K_RMS = {"out": 1.75, "dq": 1.75, "dk": 1.75, "dv": 1.75}  # > max RMSE ratio 1.42
 # Measured 72 cases, baseline tiles 128 (docs/bounds.md): max over correct kernels of the
 # max-abs ratio, and [min over flash-class kernels, max over all correct kernels] of the RMSE
 # ratio (fp32-throughout and the references are more accurate; they only lower the min).
 CALIBRATED_MAX_RATIO = {"out": 1.92, "dq": 1.83, "dk": 1.95, "dv": 1.87}
-CALIBRATED_RMS_RATIO = {"out": (0.63, 1.42), "dq": (0.51, 1.21), "dk": (0.72, 1.08),
+# (Two runs; the sdpa-math out maximum was 1.42 in the first and 1.15 in the second.)
+CALIBRATED_RMS_RATIO = {"out": (0.63, 1.42), "dq": (0.51, 1.21), "dk": (0.72, 1.10),
                         "dv": (0.92, 1.28)}
 
 # Floor coefficient on the quadrature sum of the terms: each term of a sum (P_ij V_jd, or
