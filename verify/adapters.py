@@ -59,7 +59,7 @@ HEAD_DIM_SAMPLE = (1, 16, 40, 64, 111, 128, 256)
 PROBE_DTYPES = ("float16", "bfloat16", "float32")
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 _CLEAR_RUNTIME = (
-    "not supported", "no available kernel", "not implemented", "unsupported",
+    "not supported", "no available kernel", "no viable backend", "not implemented", "unsupported",
     "only supports", "is not available", "expected all tensors to be on the same device",
     "must be", "requires", "does not require grad",
 )
@@ -168,7 +168,7 @@ def _reference_kernel():
 
     reference.capabilities = {
         "extensions": ("window", "causal_alignment"), "backward": True, "gqa": True,
-        "masks": ("bool", "additive"), "dtypes": PROBE_DTYPES,
+        "masks": ("bool", "additive"),
     }
     return reference
 
@@ -188,7 +188,7 @@ def _online_kernel():
 
     online.capabilities = {
         "extensions": ("window", "causal_alignment"), "backward": True, "gqa": True,
-        "masks": ("bool", "additive"), "dtypes": PROBE_DTYPES,
+        "masks": ("bool", "additive"),
     }
     return online
 
@@ -389,6 +389,11 @@ class Kernel:
         kw = {"gqa": {"gqa": True}, "backward": {"backward": True}}[flag]
         return self._probe(f"{flag},{dtype}", device,
                            lambda: self._call_tiny(dtype, 16, device, **kw))
+
+    @property
+    def declares_domain(self) -> bool:
+        """Whether dtypes and head dims are declared (a rejection inside them is a failure)."""
+        return "dtypes" in self.declared and "head_dims" in self.declared
 
     def extensions(self) -> tuple[str, ...]:
         """Extension kwargs the kernel takes (declared; default none)."""
