@@ -16,7 +16,7 @@ from verify import cli, selftest
 from verify.controls import CONTROLS
 from verify.mutants import CATALOGUE, by_name
 
-# Wall-clock budget of the CI self-test. The mutants' first round (100 examples each,
+# Wall-clock budget of the CI self-test. The mutants' first round (up to 200 examples each,
 # stopping at a kill) took 71 s on an idle 2-core CPU and about twice that under the
 # suite's load; the controls get the rest, at least 8 x 5 s. Both tables must fit in
 # 5 minutes on 2 CPU cores alongside the rest of the suite.
