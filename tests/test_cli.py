@@ -293,13 +293,17 @@ def test_gate_update_then_pass_then_over_budget(small_sweep, tmp_path, kfile, ca
     assert "no committed budget" in capsys.readouterr().out
 
 
-def test_gate_update_refused_on_failing_run(small_sweep, tmp_path, kfile, capsys):
+def test_gate_update_does_not_budget_a_failing_configuration(small_sweep, tmp_path, kfile,
+                                                             capsys):
     budgets = tmp_path / "b.json"
     rc = cli.main(["gate", "--kernel", f"{kfile}:long_rows_off", "--device", "cpu",
                    "--budgets", str(budgets), "--corpus", str(tmp_path), "--update",
                    "--out", str(tmp_path / "g"), "--quiet"])
-    assert rc == 1 and not budgets.exists()
-    assert "refused" in capsys.readouterr().out
+    assert rc == 1
+    labels = json.loads(budgets.read_text())["configs"]
+    assert len(labels) == 2  # SMALL (12 query rows) fails and is left out
+    assert not any("N=1-16 causal=none mask=none" in lab and "float32" in lab for lab in labels)
+    assert "not budgeted" in capsys.readouterr().out
 
 
 def test_compare_command(small_sweep, tmp_path, kfile, capsys):
