@@ -11,8 +11,9 @@ fails (exit 1) when
   purpose, with ``--update``).
 
 A budget is the committed worst ratio times :data:`HEADROOM` of the configuration's dtype.
-``--update`` rewrites the file from the current run and prints the diff against the committed one; a configuration that
-fails gets no budget (so a budget never enshrines a failure) and ``--update`` then exits 1.
+``--update`` rewrites the file from the current run and prints the diff against the committed
+one; a configuration that fails gets no budget (so a budget never enshrines a failure) and
+``--update`` then exits 1.
 
 Caveat: budgets are per kernel and per profile (``verify/budgets/<kernel>-<profile>.json``);
 CPU numbers (Triton interpreter) and GPU numbers differ and are never compared with each
