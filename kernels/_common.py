@@ -15,6 +15,7 @@ Caveats:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from dataclasses import dataclass
@@ -200,20 +201,102 @@ def validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_g
 
 
 # ----------------------------------------------------------------------------- tuning
+#
+# A launch configuration is a point (outer, inner, num_warps, num_stages). "outer" is the
+# resident tile of a program and "inner" the tile its loop streams: the forward and the dQ
+# kernel have outer = BLOCK_M (query rows) and inner = BLOCK_N (key rows); the dK/dV kernel
+# has outer = BLOCK_N and inner = BLOCK_M.
 
-# The search grid (small on purpose: every kept config is compiled on first use).
-GRID_BLOCK_M = (64, 128)
-GRID_BLOCK_N = (32, 64, 128)
-GRID_WARPS = (4, 8)
-GRID_STAGES = (2, 3, 4)
+TUNING_MODES = ("heuristic", "autotune")
+KINDS = ("fwd", "dkdv", "dq")
+ANY = None  # the causal column of a table row: matches causal and non-causal calls
+
+# Heuristic mode: one config per call, the first row matching (kind, element size,
+# BLOCK_D <= max_block_d, causal). 2-byte rows follow the H200 tile shapes of Triton's
+# fused-attention tutorial and FlashAttention-2 (forward 128x64 with 8 warps at D = 128,
+# dK/dV with 128 resident key rows and 64-row query tiles, half the stages at D = 256).
+# fp32 uses IEEE dot products, which run on the FMA units: small tiles and one or two
+# stages compile in seconds for sm_90 where the 2-byte shapes take minutes.
+HEURISTIC_TABLE = (
+    # kind    elem max_block_d causal  (outer, inner, warps, stages)
+    ("fwd",   2,   64,         ANY,    (128, 64, 4, 3)),
+    ("fwd",   2,   128,        ANY,    (128, 64, 8, 3)),
+    ("fwd",   2,   256,        ANY,    (64, 64, 8, 2)),
+    ("fwd",   4,   64,         ANY,    (64, 32, 4, 2)),
+    ("fwd",   4,   128,        ANY,    (64, 32, 4, 1)),
+    ("fwd",   4,   256,        ANY,    (32, 32, 4, 1)),
+    ("dkdv",  2,   64,         ANY,    (128, 64, 8, 3)),
+    ("dkdv",  2,   128,        ANY,    (128, 64, 8, 2)),
+    ("dkdv",  2,   256,        ANY,    (64, 32, 8, 2)),
+    ("dkdv",  4,   64,         ANY,    (64, 32, 4, 2)),
+    ("dkdv",  4,   128,        ANY,    (64, 32, 4, 1)),
+    ("dkdv",  4,   256,        ANY,    (32, 32, 4, 1)),
+    ("dq",    2,   64,         ANY,    (128, 64, 8, 3)),
+    ("dq",    2,   128,        ANY,    (128, 64, 8, 2)),
+    ("dq",    2,   256,        ANY,    (64, 32, 8, 2)),
+    ("dq",    4,   64,         ANY,    (64, 32, 4, 2)),
+    ("dq",    4,   128,        ANY,    (64, 32, 4, 1)),
+    ("dq",    4,   256,        ANY,    (32, 32, 4, 1)),
+)
+
+# Autotune mode (benchmarking): the heuristic point plus these candidates, filtered by
+# keep(), at most MAX_AUTOTUNE per call. Keyed by (kind, element size, max_block_d).
+AUTOTUNE_GRID = {
+    ("fwd", 2, 128): ((128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 8, 4), (128, 64, 4, 3)),
+    ("fwd", 2, 256): ((64, 32, 4, 2), (64, 64, 4, 2), (128, 64, 8, 2)),
+    ("dkdv", 2, 128): ((128, 32, 8, 3), (64, 32, 4, 3), (128, 64, 8, 3), (128, 64, 4, 2)),
+    ("dkdv", 2, 256): ((64, 64, 8, 2), (64, 32, 4, 2), (32, 32, 4, 2)),
+    ("dq", 2, 128): ((128, 32, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3), (128, 64, 4, 2)),
+    ("dq", 2, 256): ((64, 64, 8, 2), (64, 32, 4, 2), (32, 32, 4, 2)),
+    ("fwd", 4, 256): ((64, 32, 4, 1), (32, 32, 4, 2)),
+    ("dkdv", 4, 256): ((64, 32, 4, 1), (32, 32, 4, 2)),
+    ("dq", 4, 256): ((64, 32, 4, 1), (32, 32, 4, 2)),
+}
+MAX_AUTOTUNE = 5
+# Last resort when neither the table nor the grid fits a device's shared memory.
+FALLBACK = ((32, 32, 4, 1), (32, 16, 4, 1), (16, 16, 4, 1))
 # Single configuration under the interpreter: 16x16 tiles make the tail-tile and
 # multi-tile paths reachable with N <= 48 and keep numpy's per-program cost small.
 INTERPRETER_BLOCK = 16
-# Fallback tiles for shapes where no grid config fits in shared memory (fp32, D = 256).
-FALLBACK = ((64, 32, 4, 1), (32, 32, 4, 1), (32, 16, 4, 1))
+INTERPRETER_POINT = (INTERPRETER_BLOCK, INTERPRETER_BLOCK, 4, 1)
+# Autotune key buckets: sequence lengths rounded up to a power of two, capped here, so
+# that shapes within a bucket share one tuning result.
+BUCKET_MIN, BUCKET_MAX = 16, 16384
 SMEM_MARGIN = 1.0  # no extra margin: smem_bytes already overestimates (see its docstring)
+H200_SMEM = 232448  # max_shared_mem reported for an H200 (227 KiB), used by the CPU tests
 
 _smem_cache: dict[int, int] = {}
+_mode = ["heuristic"]
+
+
+def set_tuning(mode: str) -> None:
+    """Select how launch configurations are chosen for every later call.
+
+    ``"heuristic"`` (default): one configuration from :data:`HEURISTIC_TABLE`, no
+    benchmarking, so a new shape costs at most one compile per kernel. ``"autotune"``:
+    Triton's autotuner over the small :data:`AUTOTUNE_GRID`, keyed on bucketed sequence
+    lengths, BLOCK_D, dtype and the band flags (for benchmarks). Under the interpreter both
+    modes run the single interpreter configuration.
+    """
+    if mode not in TUNING_MODES:
+        raise ValueError(f"tuning mode must be one of {TUNING_MODES}, got {mode!r}")
+    _mode[0] = mode
+
+
+def get_tuning() -> str:
+    """The current tuning mode (see :func:`set_tuning`)."""
+    return _mode[0]
+
+
+@contextlib.contextmanager
+def tuning(mode: str):
+    """Context manager: run the block with tuning ``mode``, then restore the previous one."""
+    prev = get_tuning()
+    set_tuning(mode)
+    try:
+        yield
+    finally:
+        _mode[0] = prev
 
 
 def smem_limit(device_index: int | None = None) -> int:
@@ -236,69 +319,104 @@ def smem_bytes(kind: str, outer: int, inner: int, block_d: int, elem: int, stage
     "dkdv": resident K and V (``outer`` rows), streamed Q and dO (``inner`` rows).
     """
     resident = (1 if kind == "fwd" else 2) * outer * block_d
-    streamed = stages * 2 * inner * block_d
+    streamed = max(stages, 1) * 2 * inner * block_d
     return elem * (resident + streamed)
 
 
 def keep(kind: str, cfg: tuple[int, int, int, int], block_d: int, elem: int, limit: int) -> bool:
-    """Whether grid point ``cfg`` = (outer, inner, warps, stages) is worth compiling.
-
-    Drops configs over the shared-memory limit and pairings that are known to be poor:
-    8 warps only on 128-row outer tiles (64 rows give 4 warps 16 rows each), inner tiles
-    of 64 to ``outer`` columns for the forward, and for the backward an inner tile no wider
-    than the outer one (the tutorial's 128x32/64 shapes).
-    """
-    outer, inner, warps, stages = cfg
-    if smem_bytes(kind, outer, inner, block_d, elem, stages) > SMEM_MARGIN * limit:
-        return False
-    if (warps == 8) != (outer == 128):
-        return False
-    if kind == "fwd":
-        return 64 <= inner <= outer and stages in ((2, 3) if block_d >= 128 else (3, 4))
-    return inner <= outer // 2 and stages in ((2, 3) if block_d >= 128 else (2, 3, 4))
+    """Whether config ``cfg`` = (outer, inner, warps, stages) fits the shared-memory
+    ``limit`` (bytes) for this BLOCK_D and element size."""
+    outer, inner, _warps, stages = cfg
+    return smem_bytes(kind, outer, inner, block_d, elem, stages) <= SMEM_MARGIN * limit
 
 
-def grid_points():
-    for outer in GRID_BLOCK_M:
-        for inner in GRID_BLOCK_N:
-            for warps in GRID_WARPS:
-                for stages in GRID_STAGES:
-                    yield outer, inner, warps, stages
+def _check_kind(kind: str, block_d: int, elem: int) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if block_d not in (16, 32, 64, 128, 256):
+        raise ValueError(f"block_d must be a power of two in [16, 256], got {block_d!r}")
+    if elem not in (2, 4):
+        raise ValueError(f"elem (bytes per element) must be 2 or 4, got {elem!r}")
 
 
-def make_configs(outer_name: str, inner_name: str) -> list[triton.Config]:
-    """All grid configs (the device-dependent filter runs in :func:`make_pruner`)."""
-    if INTERPRET:
-        b = INTERPRETER_BLOCK
-        return [triton.Config({outer_name: b, inner_name: b}, num_warps=4, num_stages=1)]
-    pts = list(grid_points()) + list(FALLBACK)
+def heuristic_point(kind: str, block_d: int, elem: int, causal: bool):
+    """The :data:`HEURISTIC_TABLE` entry for a call (before the shared-memory check)."""
+    _check_kind(kind, block_d, elem)
+    for k, e, max_bd, c, point in HEURISTIC_TABLE:
+        if k == kind and e == elem and block_d <= max_bd and c in (ANY, causal):
+            return point
+    raise LookupError(f"no heuristic config for kind={kind}, block_d={block_d}, elem={elem}, "
+                      f"causal={causal}")
+
+
+def autotune_points(kind: str, block_d: int, elem: int, causal: bool, limit: int) -> list:
+    """The configs the autotuner benchmarks for a call: the heuristic point first, then the
+    grid, all passing :func:`keep`, at most :data:`MAX_AUTOTUNE`; never empty."""
+    _check_kind(kind, block_d, elem)
+    grid = next((pts for (k, e, max_bd), pts in sorted(AUTOTUNE_GRID.items())
+                 if k == kind and e == elem and block_d <= max_bd), ())
+    pts: list = []
+    for p in (heuristic_point(kind, block_d, elem, causal), *grid):
+        if p not in pts and keep(kind, p, block_d, elem, limit):
+            pts.append(p)
+    return pts[:MAX_AUTOTUNE] or [fixed_point(kind, block_d, elem, causal, limit)]
+
+
+def fixed_point(kind: str, block_d: int, elem: int, causal: bool, limit: int):
+    """The heuristic-mode config: the table entry if it fits the shared memory, else the
+    first fitting grid config, else the first fitting fallback (else the smallest one)."""
+    first = heuristic_point(kind, block_d, elem, causal)
+    if keep(kind, first, block_d, elem, limit):
+        return first
+    grid = [p for (k, e, max_bd), pts in sorted(AUTOTUNE_GRID.items())
+            if k == kind and e == elem and block_d <= max_bd for p in pts]
+    for p in (*grid, *FALLBACK):
+        if keep(kind, p, block_d, elem, limit):
+            return p
+    return FALLBACK[-1]
+
+
+def all_points(kind: str) -> list:
+    """Every config the autotuner of ``kind`` may be asked to run (its ``configs`` list)."""
+    pts = [row[4] for row in HEURISTIC_TABLE if row[0] == kind]
+    pts += [p for (k, _e, _bd), grid in sorted(AUTOTUNE_GRID.items()) if k == kind for p in grid]
+    pts += list(FALLBACK)
+    return list(dict.fromkeys(pts))
+
+
+def make_configs(kind: str, outer_name: str, inner_name: str) -> list[triton.Config]:
+    """The autotuner's config list (the per-call filter runs in :func:`make_pruner`)."""
+    pts = [INTERPRETER_POINT] if INTERPRET else all_points(kind)
     return [triton.Config({outer_name: o, inner_name: i}, num_warps=w, num_stages=s)
             for o, i, w, s in pts]
 
 
 def make_pruner(kind: str, outer_name: str, inner_name: str, elem_arg: str):
-    """An ``early_config_prune`` applying :func:`keep` for the call's BLOCK_D and dtype."""
+    """An ``early_config_prune`` keeping the :func:`autotune_points` of the call."""
 
     def prune(configs, named_args, **kwargs):
         if INTERPRET or len(configs) == 1:
             return configs
-        block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
-        elem = named_args[elem_arg].element_size()
-        limit = smem_limit(named_args[elem_arg].device.index)
-
-        def pt(c):
-            return (c.kwargs[outer_name], c.kwargs[inner_name], c.num_warps, c.num_stages)
-
-        fallback = {tuple(f) for f in FALLBACK}
-        kept = [c for c in configs if pt(c) not in fallback and keep(kind, pt(c), block_d,
-                                                                    elem, limit)]
-        if kept:
-            return kept
-        fits = [c for c in configs if pt(c) in fallback
-                and smem_bytes(kind, *pt(c)[:2], block_d, elem, pt(c)[3]) <= SMEM_MARGIN * limit]
-        return fits[:1] or [configs[-1]]
+        t = named_args[elem_arg]
+        want = autotune_points(kind, kwargs["BLOCK_D"], t.element_size(),
+                               bool(kwargs["IS_CAUSAL"]), smem_limit(t.device.index))
+        by_point = {(c.kwargs[outer_name], c.kwargs[inner_name], c.num_warps, c.num_stages): c
+                    for c in configs}
+        return [by_point[p] for p in want]
 
     return prune
+
+
+def launch_point(kind: str, block_d: int, elem: int, causal: bool, device: torch.device):
+    """The config of a heuristic-mode launch on ``device``."""
+    if INTERPRET or device.type != "cuda":
+        return INTERPRETER_POINT
+    return fixed_point(kind, block_d, elem, causal, smem_limit(device.index))
+
+
+def bucket(n: int) -> int:
+    """Autotune key bucket of a sequence length: next power of two in [16, 16384]."""
+    return min(BUCKET_MAX, triton.next_power_of_2(max(n, BUCKET_MIN)))
 
 
 def block_d(D: int) -> int:

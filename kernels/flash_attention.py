@@ -72,27 +72,40 @@ def _load_2d(ptrs, offs_r, offs_c, n_r, n_c, CHECK_R: tl.constexpr, CHECK_C: tl.
 
 
 @triton.jit
-def _band_range(r_lo, r_hi, lo_off, hi_off, N, BLOCK: tl.constexpr, HAS_LO: tl.constexpr,
-                HAS_HI: tl.constexpr):
+def _a16(x, ALIGNED: tl.constexpr):
+    """Stride ``x``, with its divisibility by 16 visible to the compiler when ALIGNED.
+
+    Strides are not specialised on alignment (that would compile one variant per stride
+    pattern); the launcher checks once per call that every row/head/batch stride of the
+    dense operands is a multiple of 16 and sets ALIGNED, and ``(x // 16) * 16`` (== x then)
+    lets Triton's alignment analysis vectorise the loads as a specialised stride would.
+    """
+    if ALIGNED:
+        return (x // 16) * 16
+    else:
+        return x
+
+
+@triton.jit
+def _band_range(r_lo, r_hi, lo_off, hi_off, N, BLOCK: tl.constexpr, BAND: tl.constexpr):
     """Tile range of the "other" axis that rows ``r_lo..r_hi`` can see.
 
-    Row r sees column c iff ``r + lo_off <= c`` (if HAS_LO) and ``c <= r + hi_off`` (if
-    HAS_HI), with ``0 <= c < N``. Returns ``lo <= full_lo <= full_hi <= hi``: tiles in
+    With BAND, row r sees column c iff ``r + lo_off <= c <= r + hi_off`` and ``0 <= c < N``
+    (an unbounded side is passed as an offset beyond the other axis, see ``_band_args``);
+    without it every column is seen. Returns ``lo <= full_lo <= full_hi <= hi``: tiles in
     ``[lo, full_lo)`` and ``[full_hi, hi)`` need masking; tiles in ``[full_lo, full_hi)`` are
     entirely visible to every row and entirely inside ``[0, N)``. Tiles outside ``[lo, hi)``
     are entirely masked and are skipped.
     """
     n_full = (N // BLOCK) * BLOCK
-    if HAS_LO:
+    if BAND:
         lo = (tl.maximum(r_lo + lo_off, 0) // BLOCK) * BLOCK
         full_lo = tl.cdiv(tl.maximum(r_hi + lo_off, 0), BLOCK) * BLOCK
-    else:
-        lo = 0
-        full_lo = 0
-    if HAS_HI:
         hi = tl.minimum(tl.maximum(r_hi + hi_off + 1, 0), N)
         full_hi = tl.minimum((tl.maximum(r_lo + hi_off + 1, 0) // BLOCK) * BLOCK, n_full)
     else:
+        lo = 0
+        full_lo = 0
         hi = N
         full_hi = n_full
     hi = tl.maximum(hi, lo)
@@ -103,21 +116,19 @@ def _band_range(r_lo, r_hi, lo_off, hi_off, N, BLOCK: tl.constexpr, HAS_LO: tl.c
 
 
 @triton.jit
-def _allowed(offs_m, offs_n, N_CTX_Q, N_CTX_K, lo_off, hi_off, HAS_LO: tl.constexpr,
-             HAS_HI: tl.constexpr, TRANS: tl.constexpr):
+def _allowed(offs_m, offs_n, N_CTX_Q, N_CTX_K, lo_off, hi_off, BAND: tl.constexpr,
+             TRANS: tl.constexpr):
     """Band and bounds mask of a (BLOCK_M, BLOCK_N) tile, or its transpose if TRANS."""
     if TRANS:
         ok = (offs_m[None, :] < N_CTX_Q) & (offs_n[:, None] < N_CTX_K)
-        if HAS_LO:
-            ok = ok & (offs_n[:, None] >= offs_m[None, :] + lo_off)
-        if HAS_HI:
-            ok = ok & (offs_n[:, None] <= offs_m[None, :] + hi_off)
+        if BAND:
+            d = offs_n[:, None] - offs_m[None, :]
+            ok = ok & (d >= lo_off) & (d <= hi_off)
     else:
         ok = (offs_m[:, None] < N_CTX_Q) & (offs_n[None, :] < N_CTX_K)
-        if HAS_LO:
-            ok = ok & (offs_n[None, :] >= offs_m[:, None] + lo_off)
-        if HAS_HI:
-            ok = ok & (offs_n[None, :] <= offs_m[:, None] + hi_off)
+        if BAND:
+            d = offs_n[None, :] - offs_m[:, None]
+            ok = ok & (d >= lo_off) & (d <= hi_off)
     return ok
 
 
@@ -136,7 +147,7 @@ def _mask_tile(m_base, offs_m, offs_n, stride_mm, stride_mn, N_CTX_Q, N_CTX_K,
 
 @triton.jit
 def _scores(qk, m_base, offs_m, offs_n, stride_mm, stride_mn, N_CTX_Q, N_CTX_K, qk_scale,
-            lo_off, hi_off, MASKED: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
+            lo_off, hi_off, MASKED: tl.constexpr, BAND: tl.constexpr,
             MASK_KIND: tl.constexpr, TRANS: tl.constexpr):
     """Scaled scores (base-2 units) with bias added and masked entries at -inf."""
     s = qk * qk_scale
@@ -147,7 +158,7 @@ def _scores(qk, m_base, offs_m, offs_n, stride_mm, stride_mn, N_CTX_Q, N_CTX_K, 
         keep = _mask_tile(m_base, offs_m, offs_n, stride_mm, stride_mn, N_CTX_Q, N_CTX_K, TRANS)
         s = tl.where(keep != 0, s, float("-inf"))
     if MASKED:
-        ok = _allowed(offs_m, offs_n, N_CTX_Q, N_CTX_K, lo_off, hi_off, HAS_LO, HAS_HI, TRANS)
+        ok = _allowed(offs_m, offs_n, N_CTX_Q, N_CTX_K, lo_off, hi_off, BAND, TRANS)
         s = tl.where(ok, s, float("-inf"))
     return s
 
@@ -159,7 +170,7 @@ def _scores(qk, m_base, offs_m, offs_n, stride_mm, stride_mn, N_CTX_Q, N_CTX_K, 
 def _fwd_inner(acc, l_i, m_i, cnt, q, k_base, v_base, m_base, offs_m, start, end,
                stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
                N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
-               MASKED: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
+               MASKED: tl.constexpr, BAND: tl.constexpr,
                MASK_KIND: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_D: tl.constexpr, PAD_D: tl.constexpr):
     offs_d = tl.arange(0, BLOCK_D)
@@ -171,7 +182,7 @@ def _fwd_inner(acc, l_i, m_i, cnt, q, k_base, v_base, m_base, offs_m, start, end
         qk = tl.dot(q, kT, input_precision=PRECISION)
         if MASKED or MASK_KIND != 0:
             s = _scores(qk, m_base, offs_m, offs_n, stride_mm, stride_mn, N_CTX_Q, N_CTX_K,
-                        qk_scale, lo_off, hi_off, MASKED, HAS_LO, HAS_HI, MASK_KIND, False)
+                        qk_scale, lo_off, hi_off, MASKED, BAND, MASK_KIND, False)
             m_ij = tl.maximum(m_i, tl.max(s, 1))
             # A row with nothing visible so far keeps m = -inf; subtract 0 instead so that
             # exp2(-inf - -inf) never produces NaN.
@@ -193,31 +204,61 @@ def _fwd_inner(acc, l_i, m_i, cnt, q, k_base, v_base, m_base, offs_m, start, end
     return acc, l_i, m_i, cnt
 
 
-_FWD_KEY = ["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "DTYPE_KEY", "IS_CAUSAL"]
 _EVEN = {
     "EVEN_M": lambda a: a["N_CTX_Q"] % a["BLOCK_M"] == 0,
     "EVEN_N": lambda a: a["N_CTX_K"] % a["BLOCK_N"] == 0,
     "PAD_D": lambda a: a["HEAD_DIM"] != a["BLOCK_D"],
 }
+# Runtime integers that would otherwise be specialised by value (== 1, divisible by 16) and
+# compiled once per pattern for no speed gain: sizes, band offsets, GQA group, key buckets.
+# Strides stay specialised (their divisibility gives vectorised, aligned loads).
+_NO_SPEC = ["H", "HKV", "GROUP", "N_CTX_Q", "N_CTX_K", "HEAD_DIM", "lo_off", "hi_off",
+            "NQ_BUCKET", "NK_BUCKET", "IS_CAUSAL"]
+# Autotune key: bucketed lengths, padded head dim, dtype, causal, and the constexpr flags
+# that select a different code path (tensor dtypes are added to the key by Triton).
+_KEY = ["NQ_BUCKET", "NK_BUCKET", "BLOCK_D", "DTYPE_KEY", "IS_CAUSAL", "BAND", "MASK_KIND",
+        "PRECISION"]
 
 
-@triton.autotune(configs=make_configs("BLOCK_M", "BLOCK_N"), key=_FWD_KEY,
-                 prune_configs_by={"early_config_prune":
-                                   make_pruner("fwd", "BLOCK_M", "BLOCK_N", "Q")})
-@triton.heuristics(_EVEN)
-@triton.jit
-def _fwd_kernel(Q, K, V, M, O, LSE, STATS,
+def _no_spec(fn):
+    """``triton.jit`` with the :data:`_NO_SPEC` arguments of ``fn`` not specialised and no
+    stride specialised on alignment (a stride of 1 is still specialised; see ``_a16``)."""
+    names = fn.__code__.co_varnames[:fn.__code__.co_argcount]
+    return triton.jit(do_not_specialize=[n for n in _NO_SPEC if n in names],
+                      do_not_specialize_on_alignment=[n for n in names
+                                                      if n.startswith("stride_")])(fn)
+
+
+def _tuned(fixed, kind: str, outer: str, inner: str, **extra):
+    """The autotune launch path over the same jit function as ``fixed``."""
+    key = _KEY + (["ATOMIC_DQ"] if kind == "dkdv" else [])
+    return triton.autotune(configs=make_configs(kind, outer, inner), key=key,
+                           prune_configs_by={"early_config_prune":
+                                             make_pruner(kind, outer, inner, "Q")},
+                           cache_results=True, **extra)(fixed)
+
+
+@_no_spec
+def _fwd_kernel_impl(Q, K, V, M, O, LSE, STATS,
                 stride_qz, stride_qh, stride_qm, stride_qd,
                 stride_kz, stride_kh, stride_kn, stride_kd,
                 stride_vz, stride_vh, stride_vn, stride_vd,
                 stride_mz, stride_mh, stride_mm, stride_mn,
                 stride_oz, stride_oh, stride_om, stride_od,
                 H, GROUP, N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
-                DTYPE_KEY: tl.constexpr, IS_CAUSAL: tl.constexpr,
-                HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASK_KIND: tl.constexpr,
+                NQ_BUCKET, NK_BUCKET, IS_CAUSAL, DTYPE_KEY: tl.constexpr,
+                BAND: tl.constexpr, MASK_KIND: tl.constexpr,
                 PRECISION: tl.constexpr, COUNT_TILES: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
-                EVEN_N: tl.constexpr, PAD_D: tl.constexpr):
+                EVEN_N: tl.constexpr, PAD_D: tl.constexpr, ALIGNED: tl.constexpr):
+    stride_qz, stride_qh, stride_qm = \
+        _a16(stride_qz, ALIGNED), _a16(stride_qh, ALIGNED), _a16(stride_qm, ALIGNED)
+    stride_kz, stride_kh, stride_kn = \
+        _a16(stride_kz, ALIGNED), _a16(stride_kh, ALIGNED), _a16(stride_kn, ALIGNED)
+    stride_vz, stride_vh, stride_vn = \
+        _a16(stride_vz, ALIGNED), _a16(stride_vh, ALIGNED), _a16(stride_vn, ALIGNED)
+    stride_oz, stride_oh, stride_om = \
+        _a16(stride_oz, ALIGNED), _a16(stride_oh, ALIGNED), _a16(stride_om, ALIGNED)
     pid_m = tl.program_id(0)
     off_bh = tl.program_id(1)
     off_z = (off_bh // H).to(tl.int64)
@@ -242,24 +283,24 @@ def _fwd_kernel(Q, K, V, M, O, LSE, STATS,
 
     r_hi = tl.minimum(start_m + BLOCK_M, N_CTX_Q) - 1
     lo, full_lo, full_hi, hi = _band_range(start_m, r_hi, lo_off, hi_off, N_CTX_K, BLOCK_N,
-                                           HAS_LO, HAS_HI)
-    if HAS_LO:
+                                           BAND)
+    if BAND:
         acc, l_i, m_i, n_edge = _fwd_inner(
             acc, l_i, m_i, n_edge, q, k_base, v_base, m_base, offs_m, lo, full_lo,
             stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
             N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
-            True, HAS_LO, HAS_HI, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D)
+            True, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D)
     acc, l_i, m_i, n_full = _fwd_inner(
         acc, l_i, m_i, n_full, q, k_base, v_base, m_base, offs_m, full_lo, full_hi,
         stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
         N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
-        False, HAS_LO, HAS_HI, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D)
-    if HAS_HI or not EVEN_N:
+        False, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D)
+    if BAND or not EVEN_N:
         acc, l_i, m_i, n_edge = _fwd_inner(
             acc, l_i, m_i, n_edge, q, k_base, v_base, m_base, offs_m, full_hi, hi,
             stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
             N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
-            True, HAS_LO, HAS_HI, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D)
+            True, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D)
 
     # Rows that saw no key (l = 0, acc = 0): output 0 and lse = -inf, never 0/0.
     empty = l_i == 0.0
@@ -287,10 +328,14 @@ def _fwd_kernel(Q, K, V, M, O, LSE, STATS,
 # ----------------------------------------------------------------------------- backward
 
 
-@triton.jit
+@_no_spec
 def _bwd_preprocess(O, DO, DELTA, stride_oz, stride_oh, stride_om, stride_od,
                     stride_doz, stride_doh, stride_dom, stride_dod, H, N_CTX_Q, HEAD_DIM,
-                    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, ALIGNED: tl.constexpr):
+    stride_oz, stride_oh, stride_om = \
+        _a16(stride_oz, ALIGNED), _a16(stride_oh, ALIGNED), _a16(stride_om, ALIGNED)
+    stride_doz, stride_doh, stride_dom = \
+        _a16(stride_doz, ALIGNED), _a16(stride_doh, ALIGNED), _a16(stride_dom, ALIGNED)
     pid_m = tl.program_id(0)
     off_bh = tl.program_id(1)
     off_z = (off_bh // H).to(tl.int64)
@@ -326,7 +371,7 @@ def _dkdv_inner(dk, dv, cnt, k, v, q_base, do_base, m_base, lse_base, delta_base
                 stride_qm, stride_qd, stride_dom, stride_dod, stride_mm, stride_mn,
                 stride_dqm, stride_dqd,
                 N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, sm_scale, lo_off, hi_off,
-                MASKED: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
+                MASKED: tl.constexpr, BAND: tl.constexpr,
                 MASK_KIND: tl.constexpr, PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr):
     offs_d = tl.arange(0, BLOCK_D)
@@ -339,7 +384,7 @@ def _dkdv_inner(dk, dv, cnt, k, v, q_base, do_base, m_base, lse_base, delta_base
         qkT = tl.dot(k, qT, input_precision=PRECISION)
         if MASKED or MASK_KIND != 0:
             sT = _scores(qkT, m_base, offs_m, offs_n, stride_mm, stride_mn, N_CTX_Q, N_CTX_K,
-                         qk_scale, lo_off, hi_off, MASKED, HAS_LO, HAS_HI, MASK_KIND, True)
+                         qk_scale, lo_off, hi_off, MASKED, BAND, MASK_KIND, True)
             pT = tl.exp2(sT - lse[None, :])
         else:
             pT = tl.exp2(qkT * qk_scale - lse[None, :])
@@ -357,16 +402,8 @@ def _dkdv_inner(dk, dv, cnt, k, v, q_base, do_base, m_base, lse_base, delta_base
     return dk, dv, cnt
 
 
-_BWD_KEY = ["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "DTYPE_KEY", "IS_CAUSAL"]
-
-
-@triton.autotune(configs=make_configs("BLOCK_N", "BLOCK_M"), key=_BWD_KEY,
-                 prune_configs_by={"early_config_prune":
-                                   make_pruner("dkdv", "BLOCK_N", "BLOCK_M", "Q")},
-                 reset_to_zero=["DQ"])
-@triton.heuristics(_EVEN)
-@triton.jit
-def _bwd_dkdv_kernel(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, STATS,
+@_no_spec
+def _bwd_dkdv_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, STATS,
                      stride_qz, stride_qh, stride_qm, stride_qd,
                      stride_kz, stride_kh, stride_kn, stride_kd,
                      stride_vz, stride_vh, stride_vn, stride_vd,
@@ -375,12 +412,24 @@ def _bwd_dkdv_kernel(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, STATS,
                      stride_dkz, stride_dkh, stride_dkn, stride_dkd,
                      stride_dqz, stride_dqh, stride_dqm, stride_dqd,
                      HKV, GROUP, N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, sm_scale, lo_off, hi_off,
-                     DTYPE_KEY: tl.constexpr, IS_CAUSAL: tl.constexpr,
-                     HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASK_KIND: tl.constexpr,
+                     NQ_BUCKET, NK_BUCKET, IS_CAUSAL, DTYPE_KEY: tl.constexpr,
+                     BAND: tl.constexpr, MASK_KIND: tl.constexpr,
                      PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
                      COUNT_TILES: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
-                     EVEN_N: tl.constexpr, PAD_D: tl.constexpr):
+                     EVEN_N: tl.constexpr, PAD_D: tl.constexpr, ALIGNED: tl.constexpr):
+    stride_qz, stride_qh, stride_qm = \
+        _a16(stride_qz, ALIGNED), _a16(stride_qh, ALIGNED), _a16(stride_qm, ALIGNED)
+    stride_kz, stride_kh, stride_kn = \
+        _a16(stride_kz, ALIGNED), _a16(stride_kh, ALIGNED), _a16(stride_kn, ALIGNED)
+    stride_vz, stride_vh, stride_vn = \
+        _a16(stride_vz, ALIGNED), _a16(stride_vh, ALIGNED), _a16(stride_vn, ALIGNED)
+    stride_doz, stride_doh, stride_dom = \
+        _a16(stride_doz, ALIGNED), _a16(stride_doh, ALIGNED), _a16(stride_dom, ALIGNED)
+    stride_dkz, stride_dkh, stride_dkn = \
+        _a16(stride_dkz, ALIGNED), _a16(stride_dkh, ALIGNED), _a16(stride_dkn, ALIGNED)
+    stride_dqz, stride_dqh, stride_dqm = \
+        _a16(stride_dqz, ALIGNED), _a16(stride_dqh, ALIGNED), _a16(stride_dqm, ALIGNED)
     pid_n = tl.program_id(0)
     off_bhk = tl.program_id(1)
     off_z = (off_bhk // HKV).to(tl.int64)
@@ -401,7 +450,7 @@ def _bwd_dkdv_kernel(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, STATS,
     c_hi = tl.minimum(start_n + BLOCK_N, N_CTX_K) - 1
     # Key j is seen by query i iff j - hi_off <= i <= j - lo_off: the same band, transposed.
     lo, full_lo, full_hi, hi = _band_range(start_n, c_hi, -hi_off, -lo_off, N_CTX_Q, BLOCK_M,
-                                           HAS_HI, HAS_LO)
+                                           BAND)
     H = HKV * GROUP
     # The query heads of this kv head are visited in order: deterministic, no atomics.
     for g in range(0, GROUP):
@@ -413,25 +462,25 @@ def _bwd_dkdv_kernel(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, STATS,
         lse_base = LSE + off_bh * N_CTX_Q
         delta_base = DELTA + off_bh * N_CTX_Q
         dq_base = DQ + off_z * stride_dqz + off_h * stride_dqh
-        if HAS_HI:
+        if BAND:
             dk, dv, n_edge = _dkdv_inner(
                 dk, dv, n_edge, k, v, q_base, do_base, m_base, lse_base, delta_base, dq_base,
                 offs_n, lo, full_lo, stride_qm, stride_qd, stride_dom, stride_dod,
                 stride_mm, stride_mn, stride_dqm, stride_dqd, N_CTX_Q, N_CTX_K, HEAD_DIM,
-                qk_scale, sm_scale, lo_off, hi_off, True, HAS_LO, HAS_HI, MASK_KIND,
+                qk_scale, sm_scale, lo_off, hi_off, True, BAND, MASK_KIND,
                 PRECISION, ATOMIC_DQ, BLOCK_M, BLOCK_D, PAD_D)
         dk, dv, n_full = _dkdv_inner(
             dk, dv, n_full, k, v, q_base, do_base, m_base, lse_base, delta_base, dq_base,
             offs_n, full_lo, full_hi, stride_qm, stride_qd, stride_dom, stride_dod,
             stride_mm, stride_mn, stride_dqm, stride_dqd, N_CTX_Q, N_CTX_K, HEAD_DIM,
-            qk_scale, sm_scale, lo_off, hi_off, False, HAS_LO, HAS_HI, MASK_KIND,
+            qk_scale, sm_scale, lo_off, hi_off, False, BAND, MASK_KIND,
             PRECISION, ATOMIC_DQ, BLOCK_M, BLOCK_D, PAD_D)
-        if HAS_LO or not EVEN_M:
+        if BAND or not EVEN_M:
             dk, dv, n_edge = _dkdv_inner(
                 dk, dv, n_edge, k, v, q_base, do_base, m_base, lse_base, delta_base, dq_base,
                 offs_n, full_hi, hi, stride_qm, stride_qd, stride_dom, stride_dod,
                 stride_mm, stride_mn, stride_dqm, stride_dqd, N_CTX_Q, N_CTX_K, HEAD_DIM,
-                qk_scale, sm_scale, lo_off, hi_off, True, HAS_LO, HAS_HI, MASK_KIND,
+                qk_scale, sm_scale, lo_off, hi_off, True, BAND, MASK_KIND,
                 PRECISION, ATOMIC_DQ, BLOCK_M, BLOCK_D, PAD_D)
     dk = dk * sm_scale
     st_mask = (offs_n[:, None] < N_CTX_K) & (offs_d[None, :] < HEAD_DIM)
@@ -450,7 +499,7 @@ def _bwd_dkdv_kernel(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, STATS,
 def _dq_inner(dq, cnt, q, do, lse, delta, k_base, v_base, m_base, offs_m, start, end,
               stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
               N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
-              MASKED: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
+              MASKED: tl.constexpr, BAND: tl.constexpr,
               MASK_KIND: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, PAD_D: tl.constexpr):
     offs_d = tl.arange(0, BLOCK_D)
@@ -464,7 +513,7 @@ def _dq_inner(dq, cnt, q, do, lse, delta, k_base, v_base, m_base, offs_m, start,
         qk = tl.dot(q, kT, input_precision=PRECISION)
         if MASKED or MASK_KIND != 0:
             s = _scores(qk, m_base, offs_m, offs_n, stride_mm, stride_mn, N_CTX_Q, N_CTX_K,
-                        qk_scale, lo_off, hi_off, MASKED, HAS_LO, HAS_HI, MASK_KIND, False)
+                        qk_scale, lo_off, hi_off, MASKED, BAND, MASK_KIND, False)
             p = tl.exp2(s - lse[:, None])
         else:
             p = tl.exp2(qk * qk_scale - lse[:, None])
@@ -475,12 +524,8 @@ def _dq_inner(dq, cnt, q, do, lse, delta, k_base, v_base, m_base, offs_m, start,
     return dq, cnt
 
 
-@triton.autotune(configs=make_configs("BLOCK_M", "BLOCK_N"), key=_BWD_KEY,
-                 prune_configs_by={"early_config_prune":
-                                   make_pruner("dq", "BLOCK_M", "BLOCK_N", "Q")})
-@triton.heuristics(_EVEN)
-@triton.jit
-def _bwd_dq_kernel(Q, K, V, M, DO, LSE, DELTA, DQ, STATS,
+@_no_spec
+def _bwd_dq_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DQ, STATS,
                    stride_qz, stride_qh, stride_qm, stride_qd,
                    stride_kz, stride_kh, stride_kn, stride_kd,
                    stride_vz, stride_vh, stride_vn, stride_vd,
@@ -488,11 +533,21 @@ def _bwd_dq_kernel(Q, K, V, M, DO, LSE, DELTA, DQ, STATS,
                    stride_doz, stride_doh, stride_dom, stride_dod,
                    stride_dqz, stride_dqh, stride_dqm, stride_dqd,
                    H, GROUP, N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, sm_scale, lo_off, hi_off,
-                   DTYPE_KEY: tl.constexpr, IS_CAUSAL: tl.constexpr,
-                   HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASK_KIND: tl.constexpr,
+                   NQ_BUCKET, NK_BUCKET, IS_CAUSAL, DTYPE_KEY: tl.constexpr,
+                   BAND: tl.constexpr, MASK_KIND: tl.constexpr,
                    PRECISION: tl.constexpr, COUNT_TILES: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
-                   EVEN_N: tl.constexpr, PAD_D: tl.constexpr):
+                   EVEN_N: tl.constexpr, PAD_D: tl.constexpr, ALIGNED: tl.constexpr):
+    stride_qz, stride_qh, stride_qm = \
+        _a16(stride_qz, ALIGNED), _a16(stride_qh, ALIGNED), _a16(stride_qm, ALIGNED)
+    stride_kz, stride_kh, stride_kn = \
+        _a16(stride_kz, ALIGNED), _a16(stride_kh, ALIGNED), _a16(stride_kn, ALIGNED)
+    stride_vz, stride_vh, stride_vn = \
+        _a16(stride_vz, ALIGNED), _a16(stride_vh, ALIGNED), _a16(stride_vn, ALIGNED)
+    stride_doz, stride_doh, stride_dom = \
+        _a16(stride_doz, ALIGNED), _a16(stride_doh, ALIGNED), _a16(stride_dom, ALIGNED)
+    stride_dqz, stride_dqh, stride_dqm = \
+        _a16(stride_dqz, ALIGNED), _a16(stride_dqh, ALIGNED), _a16(stride_dqm, ALIGNED)
     pid_m = tl.program_id(0)
     off_bh = tl.program_id(1)
     off_z = (off_bh // H).to(tl.int64)
@@ -518,24 +573,24 @@ def _bwd_dq_kernel(Q, K, V, M, DO, LSE, DELTA, DQ, STATS,
     n_full = 0
     r_hi = tl.minimum(start_m + BLOCK_M, N_CTX_Q) - 1
     lo, full_lo, full_hi, hi = _band_range(start_m, r_hi, lo_off, hi_off, N_CTX_K, BLOCK_N,
-                                           HAS_LO, HAS_HI)
-    if HAS_LO:
+                                           BAND)
+    if BAND:
         dq, n_edge = _dq_inner(
             dq, n_edge, q, do, lse, delta, k_base, v_base, m_base, offs_m, lo, full_lo,
             stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
             N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
-            True, HAS_LO, HAS_HI, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D)
+            True, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D)
     dq, n_full = _dq_inner(
         dq, n_full, q, do, lse, delta, k_base, v_base, m_base, offs_m, full_lo, full_hi,
         stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
         N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
-        False, HAS_LO, HAS_HI, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D)
-    if HAS_HI or not EVEN_N:
+        False, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D)
+    if BAND or not EVEN_N:
         dq, n_edge = _dq_inner(
             dq, n_edge, q, do, lse, delta, k_base, v_base, m_base, offs_m, full_hi, hi,
             stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
             N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
-            True, HAS_LO, HAS_HI, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D)
+            True, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D)
     dq = dq * sm_scale
     tl.store(DQ + off_z * stride_dqz + off_h * stride_dqh + offs_m[:, None] * stride_dqm
              + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty),
@@ -544,6 +599,22 @@ def _bwd_dq_kernel(Q, K, V, M, DO, LSE, DELTA, DQ, STATS,
         slot = (off_bh * tl.num_programs(0) + pid_m) * 2
         tl.store(STATS + slot, n_edge)
         tl.store(STATS + slot + 1, n_full)
+
+
+# ----------------------------------------------------------------------------- launch paths
+
+# Two launch paths over each jit function: fixed (heuristic mode: one config from the
+# table, passed explicitly) and tuned (autotune mode). Both apply the EVEN_*/PAD_D
+# heuristics, and share the jit function's compile cache.
+_fwd_fixed = triton.heuristics(_EVEN)(_fwd_kernel_impl)
+_fwd_tuned = _tuned(_fwd_fixed, "fwd", "BLOCK_M", "BLOCK_N")
+_dkdv_fixed = triton.heuristics(_EVEN)(_bwd_dkdv_kernel_impl)
+_dkdv_tuned = _tuned(_dkdv_fixed, "dkdv", "BLOCK_N", "BLOCK_M", reset_to_zero=["DQ"])
+_dq_fixed = triton.heuristics(_EVEN)(_bwd_dq_kernel_impl)
+_dq_tuned = _tuned(_dq_fixed, "dq", "BLOCK_M", "BLOCK_N")
+_PATHS = {"fwd": (_fwd_fixed, _fwd_tuned, "BLOCK_M", "BLOCK_N"),
+          "dkdv": (_dkdv_fixed, _dkdv_tuned, "BLOCK_N", "BLOCK_M"),
+          "dq": (_dq_fixed, _dq_tuned, "BLOCK_M", "BLOCK_N")}
 
 
 # ----------------------------------------------------------------------------- launchers
@@ -564,10 +635,40 @@ def _precision(dtype: torch.dtype, allow_tf32: bool) -> str:
     return "tf32" if (dtype == torch.float32 and allow_tf32) else "ieee"
 
 
+def _aligned(*tensors: torch.Tensor) -> bool:
+    """ALIGNED for a launch: every batch, head and row stride is a multiple of 16."""
+    return all(st % 16 == 0 for t in tensors for st in t.stride()[:3])
+
+
+def _band_args(p: Problem) -> tuple[bool, int, int]:
+    """(BAND, lo_off, hi_off) for the kernels: one band flag, an unbounded side given as an
+    offset that every in-range pair satisfies (j - i >= -Nq, j - i <= Nk), so that causal,
+    one-sided and two-sided windows share one compiled variant."""
+    band = p.has_lo or p.has_hi
+    return band, (p.lo_off if p.has_lo else -p.Nq), (p.hi_off if p.has_hi else p.Nk)
+
+
 def _common_consts(p: Problem, dtype: torch.dtype, allow_tf32: bool) -> dict:
-    return dict(DTYPE_KEY=DTYPE_NAMES[dtype], IS_CAUSAL=p.is_causal, HAS_LO=p.has_lo,
-                HAS_HI=p.has_hi, MASK_KIND=p.mask_kind,
+    return dict(NQ_BUCKET=_common.bucket(p.Nq), NK_BUCKET=_common.bucket(p.Nk),
+                IS_CAUSAL=int(p.is_causal), DTYPE_KEY=DTYPE_NAMES[dtype],
+                BAND=_band_args(p)[0], MASK_KIND=p.mask_kind,
                 PRECISION=_precision(dtype, allow_tf32), BLOCK_D=block_d(p.D))
+
+
+def _launch(kind: str, grid, args: tuple, kwargs: dict, p: Problem, q: torch.Tensor) -> None:
+    """Launch kernel ``kind`` ("fwd", "dkdv", "dq") in the current tuning mode.
+
+    ``grid(meta)`` maps the tile sizes to the launch grid. Heuristic mode (and the
+    interpreter) passes one config explicitly; autotune mode lets Triton's autotuner pick.
+    """
+    fixed, tuned, outer, inner = _PATHS[kind]
+    if INTERPRET or not q.is_cuda or _common.get_tuning() == "heuristic":
+        o, i, warps, stages = _common.launch_point(kind, block_d(p.D), q.element_size(),
+                                                   p.is_causal, q.device)
+        meta = {outer: o, inner: i}
+        fixed[grid(meta)](*args, **kwargs, **meta, num_warps=warps, num_stages=stages)
+    else:
+        tuned[grid](*args, **kwargs)
 
 
 def _device_ctx(t: torch.Tensor):
@@ -601,11 +702,12 @@ def _forward(q, k, v, p: Problem, allow_tf32: bool, stats: list | None = None):
         # Enough slots for the smallest tile of any config (16 rows).
         buf = _stats_buffer(True, triton.cdiv(p.Nq, 16) * p.B * p.Hq, q.device)
     with _device_ctx(q):
-        _fwd_kernel[grid](
+        _launch("fwd", grid, (
             q, k, v, mask, out, lse, buf if count else lse,
             *q.stride(), *k.stride(), *v.stride(), *_strides(p.mask), *out.stride(),
-            p.Hq, p.group, p.Nq, p.Nk, p.D, p.scale * LOG2E, p.lo_off, p.hi_off,
-            COUNT_TILES=count, **_common_consts(p, q.dtype, allow_tf32))
+            p.Hq, p.group, p.Nq, p.Nk, p.D, p.scale * LOG2E, *_band_args(p)[1:]),
+            dict(COUNT_TILES=count, ALIGNED=_aligned(q, k, v, out),
+                 **_common_consts(p, q.dtype, allow_tf32)), p, q)
     if count:
         stats.append(("fwd", buf))
     return out, lse
@@ -627,26 +729,27 @@ def _backward(do, q, k, v, out, lse, p: Problem, deterministic: bool, allow_tf32
     mask = _mask_arg(p, q)
     count = stats is not None
     consts = _common_consts(p, q.dtype, allow_tf32)
+    consts["ALIGNED"] = _aligned(q, k, v, do, out, dk, dq_acc)
     pre_block = 16 if INTERPRET else 64
     with _device_ctx(q):
         _bwd_preprocess[(triton.cdiv(p.Nq, pre_block), p.B * p.Hq)](
             out, do, delta, *out.stride(), *do.stride(), p.Hq, p.Nq, p.D,
-            BLOCK_M=pre_block, BLOCK_D=Dp)
+            BLOCK_M=pre_block, BLOCK_D=Dp, ALIGNED=consts["ALIGNED"])
         buf_kv = _stats_buffer(count, triton.cdiv(p.Nk, 16) * p.B * p.Hkv, dev)
-        _bwd_dkdv_kernel[lambda m: (triton.cdiv(p.Nk, m["BLOCK_N"]), p.B * p.Hkv)](
+        _launch("dkdv", lambda m: (triton.cdiv(p.Nk, m["BLOCK_N"]), p.B * p.Hkv), (
             q, k, v, mask, do, lse, delta, dk, dv, dq_acc, buf_kv if count else lse,
             *q.stride(), *k.stride(), *v.stride(), *_strides(p.mask), *do.stride(),
             *dk.stride(), *dq_acc.stride(),
-            p.Hkv, p.group, p.Nq, p.Nk, p.D, p.scale * LOG2E, p.scale, p.lo_off, p.hi_off,
-            ATOMIC_DQ=not deterministic, COUNT_TILES=count, **consts)
+            p.Hkv, p.group, p.Nq, p.Nk, p.D, p.scale * LOG2E, p.scale, *_band_args(p)[1:]),
+            dict(ATOMIC_DQ=not deterministic, COUNT_TILES=count, **consts), p, q)
         if deterministic:
             buf_q = _stats_buffer(count, triton.cdiv(p.Nq, 16) * p.B * p.Hq, dev)
-            _bwd_dq_kernel[lambda m: (triton.cdiv(p.Nq, m["BLOCK_M"]), p.B * p.Hq)](
+            _launch("dq", lambda m: (triton.cdiv(p.Nq, m["BLOCK_M"]), p.B * p.Hq), (
                 q, k, v, mask, do, lse, delta, dq, buf_q if count else lse,
                 *q.stride(), *k.stride(), *v.stride(), *_strides(p.mask), *do.stride(),
                 *dq.stride(),
-                p.Hq, p.group, p.Nq, p.Nk, p.D, p.scale * LOG2E, p.scale, p.lo_off, p.hi_off,
-                COUNT_TILES=count, **consts)
+                p.Hq, p.group, p.Nq, p.Nk, p.D, p.scale * LOG2E, p.scale, *_band_args(p)[1:]),
+                dict(COUNT_TILES=count, **consts), p, q)
         else:
             dq = dq_acc.to(q.dtype)
     if count:

@@ -42,10 +42,12 @@ import triton.language as tl
 from kernels._common import INTERPRET, INTERPRETER_BLOCK, Problem, block_d, validate
 from kernels.flash_attention import (
     LOG2E,
+    _band_args,
     _band_range,
     _device_ctx,
     _load_2d,
     _mask_arg,
+    _no_spec,
     _precision,
     _run,
     _scores,
@@ -56,7 +58,7 @@ from kernels.flash_attention import (
 Q_TILES_PER_PROGRAM = 4  # Q tiles per program: a group shares one sequential pass over K/V
 
 
-@triton.jit
+@_no_spec
 def _fa1_fwd_kernel(Q, K, V, M, O, LSE, OACC, MROW, LROW, STATS,
                     stride_qz, stride_qh, stride_qm, stride_qd,
                     stride_kz, stride_kh, stride_kn, stride_kd,
@@ -65,7 +67,7 @@ def _fa1_fwd_kernel(Q, K, V, M, O, LSE, OACC, MROW, LROW, STATS,
                     stride_oz, stride_oh, stride_om, stride_od,
                     H, GROUP, N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
                     TILES_PER_PROG,
-                    HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, MASK_KIND: tl.constexpr,
+                    BAND: tl.constexpr, MASK_KIND: tl.constexpr,
                     PRECISION: tl.constexpr, COUNT_TILES: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     pid_g = tl.program_id(0)
@@ -86,7 +88,7 @@ def _fa1_fwd_kernel(Q, K, V, M, O, LSE, OACC, MROW, LROW, STATS,
     g_hi = tl.minimum(g_lo + TILES_PER_PROG * BLOCK_M, N_CTX_Q)
     # K tiles seen by any row of the group; tiles outside are skipped.
     k_lo, _f_lo, _f_hi, k_hi = _band_range(g_lo, g_hi - 1, lo_off, hi_off, N_CTX_K, BLOCK_N,
-                                           HAS_LO, HAS_HI)
+                                           BAND)
     n_tiles = 0
     for start_n in range(k_lo, k_hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -97,7 +99,7 @@ def _fa1_fwd_kernel(Q, K, V, M, O, LSE, OACC, MROW, LROW, STATS,
         c_hi = tl.minimum(start_n + BLOCK_N, N_CTX_K) - 1
         # Q tiles (inner loop) that see this K tile, within the group.
         q_lo, _g_lo2, _g_hi2, q_hi = _band_range(start_n, c_hi, -hi_off, -lo_off, N_CTX_Q,
-                                                 BLOCK_M, HAS_HI, HAS_LO)
+                                                 BLOCK_M, BAND)
         q_lo = tl.maximum(q_lo, g_lo)
         q_hi = tl.minimum(q_hi, g_hi)
         for start_m in range(q_lo, q_hi, BLOCK_M):
@@ -107,7 +109,7 @@ def _fa1_fwd_kernel(Q, K, V, M, O, LSE, OACC, MROW, LROW, STATS,
                          offs_m, offs_d, N_CTX_Q, HEAD_DIM, True, True)
             qk = tl.dot(q, kT, input_precision=PRECISION)
             s = _scores(qk, m_base, offs_m, offs_n, stride_mm, stride_mn, N_CTX_Q, N_CTX_K,
-                        qk_scale, lo_off, hi_off, True, HAS_LO, HAS_HI, MASK_KIND, False)
+                        qk_scale, lo_off, hi_off, True, BAND, MASK_KIND, False)
             m_t = tl.max(s, 1)
             m_t_use = tl.where(m_t == float("-inf"), 0.0, m_t)
             p = tl.exp2(s - m_t_use[:, None])
@@ -173,9 +175,9 @@ def _forward_fa1(q, k, v, p: Problem, allow_tf32: bool, stats: list | None = Non
         _fa1_fwd_kernel[(n_groups, p.B * p.Hq)](
             q, k, v, _mask_arg(p, q), out, lse, o_acc, m_row, l_row, buf,
             *q.stride(), *k.stride(), *v.stride(), *_strides(p.mask), *out.stride(),
-            p.Hq, p.group, p.Nq, p.Nk, p.D, p.scale * LOG2E, p.lo_off, p.hi_off,
+            p.Hq, p.group, p.Nq, p.Nk, p.D, p.scale * LOG2E, *_band_args(p)[1:],
             Q_TILES_PER_PROGRAM,
-            HAS_LO=p.has_lo, HAS_HI=p.has_hi, MASK_KIND=p.mask_kind,
+            BAND=_band_args(p)[0], MASK_KIND=p.mask_kind,
             PRECISION=_precision(q.dtype, allow_tf32), COUNT_TILES=stats is not None,
             BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=Dp, num_warps=4, num_stages=1)
     if stats is not None:

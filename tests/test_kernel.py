@@ -402,19 +402,71 @@ def test_fa1_skips_pairs():
     assert n == sum(w[0] for w in _visible_tiles(q.shape[2], k.shape[2], bm, bn, kw))
 
 
-@pytest.mark.parametrize("kind", ["fwd", "dq", "dkdv"])
-@pytest.mark.parametrize("D, elem, n_min", [(64, 2, 3), (128, 2, 3), (256, 2, 1), (128, 4, 1)])
-def test_keep_filter(kind, D, elem, n_min):
-    """keep() leaves a small set within shared memory (H200: 227 KiB per block), and fp32 at
-    D = 256 needs the fallback tiles."""
-    limit = 232448
-    kept = [p for p in _common.grid_points() if _common.keep(kind, p, D, elem, limit)]
-    assert n_min <= len(kept) <= 9
-    assert all(_common.smem_bytes(kind, o, i, D, elem, s) <= limit for o, i, _, s in kept)
-    assert all((w == 8) == (o == 128) for o, _, w, _ in kept)
-    assert not [p for p in _common.grid_points() if _common.keep(kind, p, 256, 4, limit)]
-    assert any(_common.smem_bytes(kind, o, i, 256, 4, s) <= limit
-               for o, i, _, s in _common.FALLBACK)
+# ----------------------------------------------------------------------------- tuning
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("elem", [2, 4])
+@pytest.mark.parametrize("bd", [16, 32, 64, 128, 256])
+@pytest.mark.parametrize("kind", _common.KINDS)
+def test_both_tuning_modes_pick_configs_that_fit(kind, bd, elem, causal):
+    """The heuristic table has an entry for every (kind, BLOCK_D, dtype size, causal), and
+    both modes pick configs that keep() accepts for the H200's shared memory."""
+    limit = _common.H200_SMEM
+    point = _common.heuristic_point(kind, bd, elem, causal)
+    assert _common.keep(kind, point, bd, elem, limit)
+    assert _common.fixed_point(kind, bd, elem, causal, limit) == point
+    tuned = _common.autotune_points(kind, bd, elem, causal, limit)
+    assert 1 <= len(tuned) <= _common.MAX_AUTOTUNE <= 6
+    assert tuned[0] == point and len(set(tuned)) == len(tuned)
+    assert all(_common.keep(kind, p, bd, elem, limit) for p in tuned)
+    assert set(tuned) <= set(_common.all_points(kind))
+
+
+@pytest.mark.parametrize("kind", _common.KINDS)
+def test_small_shared_memory_falls_back(kind):
+    """On a device with less shared memory the fixed config still fits (grid, then
+    fallback tiles), and the autotuner is never handed an empty list."""
+    limit = 101376  # max_shared_mem of an sm_86 part (99 KiB)
+    for bd in (64, 256):
+        for elem in (2, 4):
+            p = _common.fixed_point(kind, bd, elem, False, limit)
+            assert _common.keep(kind, p, bd, elem, limit)
+            assert _common.autotune_points(kind, bd, elem, False, limit)
+
+
+def test_tuning_mode_switch():
+    import kernels
+    assert kernels.get_tuning() == "heuristic"
+    with kernels.tuning("autotune"):
+        assert kernels.get_tuning() == "autotune"
+        with pytest.raises(ValueError, match="tuning mode"):
+            kernels.set_tuning("fast")
+        assert kernels.get_tuning() == "autotune"
+    assert kernels.get_tuning() == "heuristic"
+    with pytest.raises(ValueError, match="tuning mode"), kernels.tuning("exhaustive"):
+        pass
+    assert kernels.get_tuning() == "heuristic"
+
+
+def test_autotune_mode_gives_the_same_bits_under_the_interpreter():
+    """Under the interpreter both modes run the single interpreter config."""
+    import kernels
+    q, k, v, do, kw = _build(dict(shape=(1, 2, 2, 33, 35, 16), causal=True))
+    runs = []
+    for mode in ("heuristic", "autotune"):
+        with kernels.tuning(mode):
+            out = attention(q, k, v, **kw)
+            runs.append((out.detach(), *torch.autograd.grad(out, (q, k, v), do)))
+    if DEVICE == "cpu":
+        for a, b in zip(*runs, strict=True):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("n, want", [(1, 16), (16, 16), (17, 32), (4096, 4096), (5000, 8192),
+                                     (10**6, 16384)])
+def test_bucket(n, want):
+    assert _common.bucket(n) == want
 
 
 # ----------------------------------------------------------------------------- errors
