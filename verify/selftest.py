@@ -56,8 +56,9 @@ DEFAULT_OUT = "flashcheck-out/mutants"
 DEFAULT_BUDGET_S = 900.0
 DEFAULT_SEED = 0
 # Examples per mutant campaign (shrinking included). With seed 0 the slowest kill,
-# gqa_head_mapping, needs 96: the only GQA shape with Hkv > 1 and Hq/Hkv > 1 that the
-# strategy draws at max_heads = 4 is Hq=4/Hkv=2, in ~4% of cases. 200 leaves 2x room; a
+# gqa_head_mapping, came at example 96 of a 100-example campaign and 146 of a 200-example
+# one (Hypothesis's draws depend on the budget): the only GQA shape with Hkv > 1 and
+# Hq/Hkv > 1 that the strategy draws at max_heads = 4 is Hq=4/Hkv=2, in ~4% of cases. A
 # survivor costs ~200 examples (about a minute on the CPU) per round.
 DEFAULT_EXAMPLES = 200
 # Restarts of survivors may use this share of the budget; the controls get the rest.
