@@ -2,13 +2,16 @@
 
 ``python -m kernels.bench [--quick] [--out DIR] [--budget-s S]``; ``flashcheck bench`` calls
 :func:`main` with its own argv. In one process, per configuration (dtype in bf16/fp16, D in
-64/128, causal or not, N in 1K/4K/16K at a fixed B*H*N = 2^20 tokens, H = 16), it times:
+64/128, causal or not, N in 1K/4K/16K at a fixed B*H*N = 2^20 tokens, H = 16; ``--quick``:
+bf16, D = 128, N = 4K, causal and not), it times:
 
-- this package's FA2 kernel (``kernels.attention``): forward, backward, forward+backward;
+- this package's FA2 kernel (``kernels.attention``) in the ``"autotune"`` tuning mode
+  (``kernels.tuning``; recorded as ``meta["tuning"]``): forward, backward, forward+backward;
 - SDPA with the flash, cuDNN and efficient backends (``torch.nn.attention.sdpa_kernel``);
-- FlexAttention, compiled once per shape with ``torch.compile(dynamic=False)``; the dynamo
-  recompile limits are raised so it never silently falls back to eager, and a row whose
-  call did not compile a new graph is marked.
+- FlexAttention: one ``torch.compile(flex_attention, dynamic=False)`` per process, so each
+  shape is compiled exactly once (at its warm-up call); the dynamo recompile limits are
+  raised so it never silently falls back to eager, and a row whose warm-up did not compile
+  a new graph is marked.
 
 Figures: median time from ``triton.testing.do_bench``; TFLOP/s with the standard count
 4*B*H*Nq*Nk*D (x0.5 causal; backward x2.5; forward+backward x3.5); peak memory of one
@@ -19,8 +22,11 @@ docs/benchmarks) with the GPU name, driver and versions.
 Caveats: a peer that fails or is unsupported becomes a row "n/a: reason"; configurations
 not reached within ``--budget-s`` (default 330 s, so that the whole run stays near 6
 minutes including start-up) become "n/a: skipped (time budget)". The first call of each
-(dtype, D, causal) pays the autotuning and compilation of the Triton kernels; it is made
-before timing and is not counted.
+(dtype, D, causal) pays the compilation of the Triton kernels (at most MAX_AUTOTUNE configs
+per kernel; later N reuse the binaries, since sequence lengths are not specialised, and only
+re-benchmark them for their length bucket); it is made before timing and is not counted.
+Compiled kernels and autotune results are cached on disk by Triton and Inductor, so a second
+run in the same environment starts faster.
 """
 
 from __future__ import annotations
@@ -60,7 +66,7 @@ def configurations(quick: bool) -> list[dict]:
                     out.append(dict(dtype=dtype, D=d, causal=causal, N=n,
                                     B=TOKENS // (HEADS * n), H=HEADS))
     if quick:
-        out = [c for c in out if c["N"] == 4096 and c["D"] == 128]
+        out = [c for c in out if c["N"] == 4096 and c["D"] == 128 and c["dtype"] == "bfloat16"]
     return out
 
 
@@ -68,7 +74,8 @@ def format_table(rows: list[dict], meta: dict) -> str:
     """Markdown table of benchmark rows (one row per configuration, peer and pass)."""
     head = [f"# Attention benchmark on {meta.get('gpu', '?')}", "",
             f"driver {meta.get('driver', '?')}, torch {meta.get('torch', '?')}, "
-            f"triton {meta.get('triton', '?')}; B*H*N = {TOKENS}, H = {HEADS}; "
+            f"triton {meta.get('triton', '?')}; tuning {meta.get('tuning', '?')}; "
+            f"B*H*N = {TOKENS}, H = {HEADS}; "
             "TFLOP/s = 4*B*H*N^2*D (x0.5 causal, x2.5 bwd, x3.5 fwd+bwd) / median time.", "",
             "| dtype | D | causal | N | B | impl | pass | ms | TFLOP/s | peak MiB | note |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -137,15 +144,8 @@ def _peer_fn(impl: str, causal: bool, q):
                 return F.scaled_dot_product_attention(a, b, c, is_causal=causal)
         return run, ""
     if impl == "flex":
-        import torch._dynamo
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
-        if hasattr(torch._dynamo.config, "recompile_limit"):
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
-        if hasattr(torch._dynamo.config, "accumulated_recompile_limit"):
-            torch._dynamo.config.accumulated_recompile_limit = max(
-                torch._dynamo.config.accumulated_recompile_limit, 4096)
-        compiled = torch.compile(flex_attention, dynamic=False)
+        from torch.nn.attention.flex_attention import create_block_mask
+        compiled = _compiled_flex()
         block_mask = None
         if causal:
             N = q.shape[2]
@@ -153,6 +153,25 @@ def _peer_fn(impl: str, causal: bool, q):
                                            device=q.device)
         return (lambda a, b, c: compiled(a, b, c, block_mask=block_mask)), ""
     raise ValueError(f"unknown impl {impl!r}")
+
+
+_FLEX: list = []
+
+
+def _compiled_flex():
+    """``torch.compile(flex_attention, dynamic=False)``, created once per process: every
+    shape then compiles once, at its first call, and the graphs are reused."""
+    if not _FLEX:
+        import torch._dynamo
+        from torch.nn.attention.flex_attention import flex_attention
+        cfg = torch._dynamo.config
+        cfg.cache_size_limit = max(cfg.cache_size_limit, 256)
+        if hasattr(cfg, "recompile_limit"):
+            cfg.recompile_limit = max(cfg.recompile_limit, 256)
+        if hasattr(cfg, "accumulated_recompile_limit"):
+            cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4096)
+        _FLEX.append(torch.compile(flex_attention, dynamic=False))
+    return _FLEX[0]
 
 
 def _compiled_graphs() -> int:
@@ -220,7 +239,8 @@ def run(configs: list[dict], budget_s: float, log=print) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="kernels.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="docs/benchmarks", help="output directory")
-    ap.add_argument("--quick", action="store_true", help="D=128, N=4K only (4 configurations)")
+    ap.add_argument("--quick", action="store_true",
+                    help="bf16, D=128, N=4K, causal and not (2 configurations, < 3 minutes)")
     ap.add_argument("--budget-s", type=float, default=330.0,
                     help="stop starting new rows after this many seconds (default 330)")
     args = ap.parse_args(argv)
@@ -230,9 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     if not math.isfinite(args.budget_s) or args.budget_s <= 0:
         print("--budget-s must be > 0", file=sys.stderr)
         return 2
+    import kernels
     meta = _meta()
     meta["quick"] = args.quick
-    rows = run(configurations(args.quick), args.budget_s)
+    meta["tuning"] = "autotune"
+    with kernels.tuning("autotune"):
+        rows = run(configurations(args.quick), args.budget_s)
     jp, mp = write_outputs(rows, meta, args.out)
     print(f"wrote {jp} and {mp}")
     return 0

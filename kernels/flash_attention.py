@@ -759,11 +759,18 @@ def _backward(do, q, k, v, out, lse, p: Problem, deterministic: bool, allow_tf32
     return dq, dk, dv
 
 
+def _unit_last(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when its last dim is contiguous, else a contiguous copy: a head-dim
+    stride != 1 gets no vectorised loads anyway, and would double the compiled variants."""
+    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
+
+
 class _Attention(torch.autograd.Function):
     """Ties a forward launcher (FA2 or FA1 order) to the FA2 backward."""
 
     @staticmethod
     def forward(ctx, q, k, v, problem, fwd, deterministic, allow_tf32):
+        q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
         out, lse = fwd(q, k, v, problem, allow_tf32)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.problem = problem
@@ -775,8 +782,8 @@ class _Attention(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, do):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(do, q, k, v, out, lse, ctx.problem, ctx.deterministic,
-                               ctx.allow_tf32)
+        dq, dk, dv = _backward(_unit_last(do), q, k, v, out, lse, ctx.problem,
+                               ctx.deterministic, ctx.allow_tf32)
         return dq, dk, dv, None, None, None, None
 
 
@@ -831,7 +838,8 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     """FlashAttention-2 in Triton with PyTorch's SDPA signature (see docs/contracts.md).
 
     ``query`` (B, Hq, Nq, D), ``key``/``value`` (B, Hkv, Nk, D) in fp16, bf16 or fp32, any
-    strides (no copy is made), 1 <= D <= 256. ``attn_mask`` bool or additive, broadcastable
+    strides (read in place; only a tensor whose last-dim stride is not 1 is copied first),
+    1 <= D <= 256. ``attn_mask`` bool or additive, broadcastable
     to (B, Hq, Nq, Nk) (broadcast dims are read with stride 0). ``window=(left, right)``
     (-1 = unbounded) and ``causal_alignment`` ("top_left" | "bottom_right") extend SDPA.
     Fully masked rows give 0 and zero gradients. The backward is deterministic; fp32 uses

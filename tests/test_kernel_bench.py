@@ -20,13 +20,16 @@ def test_flops(causal, pass_, want):
     assert bench.flops(2, 3, 5, 7, 11, causal, pass_) == want
 
 
-@pytest.mark.parametrize("quick, n", [(False, 24), (True, 4)])
+@pytest.mark.parametrize("quick, n", [(False, 24), (True, 2)])
 def test_configurations(quick, n):
     cfgs = bench.configurations(quick)
     assert len(cfgs) == n
     assert all(c["B"] * c["H"] * c["N"] == bench.TOKENS for c in cfgs)
     assert cfgs[0] == dict(dtype="bfloat16", D=128, causal=False, N=4096, B=16, H=16)
     assert len({tuple(sorted(c.items())) for c in cfgs}) == n
+    if quick:  # the subset a short GPU call runs: bf16, D=128, N=4K, causal and not
+        assert {(c["dtype"], c["D"], c["N"]) for c in cfgs} == {("bfloat16", 128, 4096)}
+        assert {c["causal"] for c in cfgs} == {False, True}
 
 
 def test_table_and_files(tmp_path):
@@ -35,12 +38,13 @@ def test_table_and_files(tmp_path):
     tf = bench.flops(16, 16, 4096, 4096, 128, True, "fwd") / (ms * 1e-3) / 1e12
     rows = [dict(cfg, impl="triton-fa2", **{"pass": "fwd"}, ms=ms, tflops=tf, peak_mib=512.0,
                  note="")] + bench.na_rows(cfg, "sdpa-cudnn", "RuntimeError: no kernel")
-    meta = {"gpu": "NVIDIA H200", "driver": "570.1", "torch": "2.11", "triton": "3.6"}
+    meta = {"gpu": "NVIDIA H200", "driver": "570.1", "torch": "2.11", "triton": "3.6",
+            "tuning": "autotune"}
     jp, mp = bench.write_outputs(rows, meta, tmp_path)
     assert jp.name == "bench_nvidia_h200.json" and mp.name == "bench_nvidia_h200.md"
     assert json.loads(jp.read_text()) == {"meta": meta, "rows": rows}
     md = mp.read_text().splitlines()
-    assert "NVIDIA H200" in md[0] and "570.1" in md[2]
+    assert "NVIDIA H200" in md[0] and "570.1" in md[2] and "tuning autotune" in md[2]
     body = [line for line in md if line.startswith("| bfloat16")]
     assert body[0] == (f"| bfloat16 | 128 | yes | 4096 | 16 | triton-fa2 | fwd | 2.000 | "
                        f"{tf:.1f} | 512 |  |")
