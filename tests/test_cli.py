@@ -315,3 +315,19 @@ def test_compare_command(small_sweep, tmp_path, kfile, capsys):
                      str(tmp_path / "long_rows_off" / "report.json"), "--out", str(out)]) == 0
     table = out.read_text()
     assert f"{kfile}:good (cpu)" in table and "**FAIL**" in table
+
+
+def test_run_budget_reports_unchecked_cases_as_not_run(small_sweep, tmp_path, kfile,
+                                                        monkeypatch):
+    """Past --budget-s no case is started, and none is lost: the rest show as not run."""
+    import itertools
+
+    clock = itertools.count(0.0, 10.0)  # every reading is 10 s after the previous one
+    monkeypatch.setattr("time.monotonic", lambda: next(clock))
+    out = tmp_path / "rep"
+    assert cli.main(["run", "--kernel", f"{kfile}:good", "--device", "cpu", "--out", str(out),
+                     "--budget-s", "15", "--quiet"]) == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["summary"]["cases"] == 3
+    assert rep["summary"]["not_run"] >= 1
+    assert "time budget of 15 s exhausted" in (out / "report.md").read_text()

@@ -131,7 +131,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     sweep = fixed_sweep(profile)
     records = run_cases(kernel, sweep, device, kernel_spec=args.kernel,
                         failures_dir=out / "failures", what=f"run[{profile}]",
-                        quiet=args.quiet)
+                        quiet=args.quiet, budget_s=args.budget_s)
     header = R.make_header(kernel=args.kernel, device=device, command=args.argv,
                            profile=profile)
     rep = R.build_report(records, header=header)
@@ -249,6 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="sweep profile (default: by device)")
     sp.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
                     help=f"report directory (default: {DEFAULT_OUT})")
+    sp.add_argument("--budget-s", type=_positive_float, default=None, metavar="S",
+                    help="start no new case after S seconds; the rest are reported as not run")
     quiet(sp)
     sp.set_defaults(func=cmd_run)
 

@@ -81,19 +81,48 @@ def write_failure(out_dir: str | Path, case: Any, verdict: Any, *, kernel_spec: 
 
 def run_cases(kernel: Any, cases: Iterable[Any], device: str, *, kernel_spec: str,
               failures_dir: str | Path | None, what: str = "cases",
-              quiet: bool = False) -> list[dict[str, Any]]:
-    """Check every case; returns the report records. Failures are written when a dir is given."""
-    from verify.check import check_case
+              quiet: bool = False, budget_s: float | None = None) -> list[dict[str, Any]]:
+    """Check every case; returns the report records. Failures are written when a dir is given.
+
+    No result is lost to a time limit or an interrupt: once ``budget_s`` seconds have passed,
+    or on Ctrl-C / SIGTERM, the cases not yet checked are recorded as "not run" with that
+    reason, and the caller still writes its report.
+    """
+    import signal
+    import time
+
+    from verify.check import Verdict, check_case
 
     cases = list(cases)
-    records = []
-    with Progress(what, len(cases), quiet=quiet) as bar:
-        for case in cases:
-            verdict = check_case(kernel, case, device)
-            case_file = None
-            if verdict.status == "fail" and failures_dir is not None:
-                case_file = write_failure(failures_dir, case, verdict,
-                                          kernel_spec=kernel_spec, device=device)
-            records.append(verdict_record(case, verdict, case_file))
-            bar.advance(case.short()[:60])
+    records: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    stop_reason: str | None = None
+
+    def _on_term(signum, frame):  # SIGTERM (e.g. `timeout`) becomes the same as Ctrl-C
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _on_term)
+    try:
+        with Progress(what, len(cases), quiet=quiet) as bar:
+            for case in cases:
+                if budget_s is not None and time.monotonic() - t0 > budget_s:
+                    stop_reason = f"time budget of {budget_s:g} s exhausted (--budget-s)"
+                if stop_reason is None:
+                    try:
+                        verdict = check_case(kernel, case, device)
+                    except KeyboardInterrupt:
+                        stop_reason = "interrupted before this case ran"
+                if stop_reason is not None:
+                    verdict = Verdict(case=case, kernel=kernel_spec, device=device,
+                                      status="not_run", reason=stop_reason)
+                    records.append(verdict_record(case, verdict))
+                    continue
+                case_file = None
+                if verdict.status == "fail" and failures_dir is not None:
+                    case_file = write_failure(failures_dir, case, verdict,
+                                              kernel_spec=kernel_spec, device=device)
+                records.append(verdict_record(case, verdict, case_file))
+                bar.advance(case.short()[:60])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return records
