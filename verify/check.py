@@ -39,7 +39,14 @@ from dataclasses import dataclass, field
 import torch
 
 from verify.adapters import Kernel, as_kernel, describe_exception, is_clear_rejection
-from verify.bounds import K_RULE, TENSORS, error_model, rms_tolerance, tolerance
+from verify.bounds import (
+    K_RULE,
+    TENSORS,
+    effective_samples,
+    error_model,
+    rms_tolerance,
+    tolerance,
+)
 from verify.cases import Case, Inputs
 from verify.metrics import abs_error, tensor_metrics
 
@@ -91,6 +98,9 @@ class TensorReport:
     rmse_tol: float = math.nan  # tolerance on the RMSE (verify/bounds.py, rms_tolerance)
     baseline_rmse: float = math.nan
     ratio_rmse: float = 0.0  # rmse / rmse_tol; ``ratio`` is max(elementwise, this)
+    # Effective independent error samples (verify/bounds.py, effective_samples); below
+    # N_EFF_MIN the RMSE rule does not apply (rmse_tol = inf).
+    n_eff: float = math.nan
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -296,8 +306,9 @@ def _reference(inputs: Inputs, backward: bool) -> dict[str, torch.Tensor]:
     return res
 
 
-def _baseline(inputs: Inputs, ref: dict, backward: bool) -> tuple[dict, list]:
-    """Max abs error per tensor of the emulated flash kernel, and its device buffers."""
+def _baseline(inputs: Inputs, ref: dict, backward: bool) -> tuple[dict, dict, list]:
+    """Max abs error and RMSE per tensor of the emulated flash kernel, its error tensors
+    (CPU), and its device buffers."""
     try:
         from reference import online_attention
     except ImportError:  # older checkouts export it only from its module
@@ -311,11 +322,12 @@ def _baseline(inputs: Inputs, ref: dict, backward: bool) -> tuple[dict, list]:
     got = {"out": out.detach()}
     if backward:
         got.update(zip(GRADS, torch.autograd.grad(out, leaves, inputs.grad_out), strict=True))
-    errs = {}
+    errs, err_t = {}, {}
     for n, t in got.items():
         e = abs_error(t, ref[n])
         errs[n] = (float(e.max()), float(torch.sqrt((e * e).mean()))) if e.numel() else (0, 0)
-    return errs, [*got.values(), *leaves]
+        err_t[n] = e.to("cpu")
+    return errs, err_t, [*got.values(), *leaves]
 
 
 def _check_output(name: str, t, like: torch.Tensor, want_shape) -> str | None:
@@ -332,7 +344,7 @@ def _check_output(name: str, t, like: torch.Tensor, want_shape) -> str | None:
 
 def _report(name: str, got: torch.Tensor, want: torch.Tensor, tol: torch.Tensor,
             apriori: torch.Tensor, baseline: tuple[float, float] | None, rmse_tol: float,
-            out_dtype) -> TensorReport:
+            out_dtype, n_eff: float = math.nan) -> TensorReport:
     met = tensor_metrics(got, want, dtype=out_dtype)
     err = abs_error(got.to(want.device), want)
     with torch.no_grad():
@@ -360,7 +372,7 @@ def _report(name: str, got: torch.Tensor, want: torch.Tensor, tol: torch.Tensor,
         apriori=float(apriori.max()) if apriori.numel() else 0.0,
         ratio=max(ratio, ratio_rmse), ratio_apriori=float(ratio_a.max()) if err.numel() else 0.0,
         passed=n_bad == 0 and ratio_rmse <= 1 and met.n_nonfinite == 0, note=note,
-        rmse_tol=rmse_tol, baseline_rmse=baseline_rmse, ratio_rmse=ratio_rmse,
+        rmse_tol=rmse_tol, baseline_rmse=baseline_rmse, ratio_rmse=ratio_rmse, n_eff=n_eff,
     )
 
 
@@ -400,24 +412,28 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
     with clock("reference"):
         ref_dev = _reference(inp, backward)
     base_errs: dict[str, tuple[float, float]] = {}
+    base_err_t: dict[str, torch.Tensor] = {}
     scratch: list = []
     if baseline:
         with clock("baseline"):
-            base_errs, scratch = _baseline(inp, ref_dev, backward)
+            base_errs, base_err_t, scratch = _baseline(inp, ref_dev, backward)
     with clock("bounds"):
         allowed, bias = _allowed_bias(inp)
         model = error_model(inp.query, inp.key, inp.value, inp.grad_out if backward else None,
                             allowed=allowed, bias=bias, scale=float(inp.effective_scale),
                             dtype=case.dtype, tf32=case.tf32)
         ref = {n: t.to("cpu", torch.float64, copy=True) for n, t in ref_dev.items()}
-        tols, rms_tols, apr = {}, {}, {}
+        tols, rms_tols, apr, n_eff = {}, {}, {}, {}
         for n in ref:
             floor = model[n].floor.to("cpu", copy=True)
             apr[n] = model[n].apriori.to("cpu", copy=True)
             base = base_errs.get(n)
             tols[n] = tolerance(n, floor, None if base is None else base[0], apr[n])
+            if n in base_err_t:
+                n_eff[n] = effective_samples(base_err_t[n], model[n].n_sources)
             rms_tols[n] = rms_tolerance(n, model[n].floor_acc.to("cpu", copy=True),
-                                        None if base is None else base[1], apr[n])
+                                        None if base is None else base[1], apr[n],
+                                        n_eff.get(n, math.inf))
     _poison(*ref_dev.values(), *scratch, *(x for b in model.values()
                                            for x in (b.floor, b.apriori, b.floor_acc)))
     del ref_dev, scratch, model
@@ -493,7 +509,7 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
                 return fail("bad_output", f"lse has shape {tuple(got[n].shape)}, "
                                           f"expected {tuple(want.shape)}")
         verdict.tensors[n] = _report(n, g, want, tols[n], apr[n], base_errs.get(n), rms_tols[n],
-                                     dt)
+                                     dt, n_eff.get(n, math.nan))
     verdict.timings["total"] = time.perf_counter() - t_start
     bad_tensors = [t for t in verdict.tensors.values() if not t.passed]
     if any(t.note for t in bad_tensors):
