@@ -44,7 +44,8 @@ def test_strategy_respects_bounds(bounds, data):
     assert 1 <= case.Nq <= bounds["max_n"] and 1 <= case.Nk <= bounds["max_n"]
     if "head_dims" in bounds:
         assert case.D in set(bounds["head_dims"])
-    assert case.B <= bounds.get("max_batch", 2) and case.Hq <= bounds.get("max_heads", 4)
+    assert case.B <= bounds.get("max_batch", 2) and case.Hq <= bounds.get("max_heads", 6)
+    assert case.Hq % case.Hkv == 0
     assert features_of(case) <= bounds["features"]
     assert case.layout in bounds.get("layouts", LAYOUTS)
     assert case.dist["kind"] in bounds.get("distributions", DIST_KINDS)
@@ -165,6 +166,36 @@ def test_zero_length_keys_and_mqa_are_reachable():
     assert zero.materialize().attn_mask[zero.mask["lengths"].index(0)].any().item() is False
     mqa = find(cases(), lambda c: c.Hkv == 1 and c.Hq > 1, settings=FIND)
     assert mqa.config_key()["gqa"] == "mqa"
+
+
+def _draws(n: int, **kwargs) -> list:
+    """The first ``n`` cases a derandomized Hypothesis run draws (generation only)."""
+    from hypothesis import HealthCheck, Phase
+
+    out = []
+
+    @settings(max_examples=n, derandomize=True, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck), deadline=None)
+    @given(cases(**kwargs))
+    def collect(case):
+        out.append(case)
+
+    collect()
+    return out
+
+
+def test_gqa_with_several_kv_heads_and_uneven_bottom_right_are_common():
+    """The head-mapping bug needs Hkv > 1 and Hq / Hkv > 1; the alignment bug needs
+    bottom-right structure with Nq != Nk. Each must be drawn often enough that a 200-example
+    campaign meets it many times (expected shares: 2/3 * 1/2 * P(group >= 2) ~ 30% and
+    3/4 * 2/3 * 3/4 ~ 38%; asserted with a wide margin)."""
+    drawn = _draws(300)
+    gqa = [c for c in drawn if c.Hkv > 1 and c.Hq // c.Hkv > 1]
+    br = [c for c in drawn if c.causal_alignment == "bottom_right" and c.Nq != c.Nk
+          and (c.is_causal or c.window is not None)]
+    assert len(gqa) >= 0.15 * len(drawn), len(gqa)
+    assert {(c.Hkv, c.Hq // c.Hkv) for c in gqa} >= {(2, 2), (3, 2), (2, 3)}
+    assert len(br) >= 0.2 * len(drawn), len(br)
 
 
 # -- fixed sweeps ---------------------------------------------------------------------------

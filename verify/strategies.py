@@ -64,6 +64,10 @@ _MASK_FEATURE = {
 _BOOL_MASK_FEATURES = frozenset({"key_padding", "random_mask", "block_sparse", "dead_rows"})
 _ADDITIVE_MASK_FEATURES = frozenset({"bias", "neginf_first_tile"})
 _TILES = (16, 32, 64, 128)  # key-tile sizes our kernels and FA2/FA3 use
+# KV heads and query heads per KV head drawn by ``cases``: 3 x 3 covers one, several and
+# an odd number of each (group 3 puts head h on kv head h // 3, where h % Hkv differs).
+_KV_HEADS_MAX = 3
+_GROUP_MAX = 3
 
 
 def _cap(capabilities, key: str):
@@ -216,21 +220,29 @@ def _draw_case(draw, *, dtypes, max_n, head_dim, max_batch, max_heads, features,
     dtype = draw(st.sampled_from(dtypes))
     D = draw(head_dim)
     B = draw(st.integers(1, max_batch))
-    Hq = draw(st.integers(1, max_heads))
-    Hkv = Hq
-    if "gqa" in f and Hq > 1 and draw(st.booleans()):
-        # Proper divisors, largest first: shrinks toward the mildest grouping; 1 is MQA.
-        Hkv = draw(st.sampled_from([d for d in range(Hq - 1, 0, -1) if Hq % d == 0]))
-    Nq = draw(st.integers(1, max_n))
-    Nk = draw(st.integers(1, max_n)) if "uneven_n" in f and draw(st.booleans()) else Nq
-    layout = draw(st.sampled_from(layouts))
+    # Heads: the KV heads and the group size are drawn separately, so GQA with several KV
+    # heads *and* groups > 1 (the head-mapping bugs' domain) is common; both shrink to 1
+    # (MHA with one head). Group 1 is MHA; Hkv = 1 with group > 1 is MQA.
+    Hkv = draw(st.integers(1, min(_KV_HEADS_MAX, max_heads)))
+    group = 1
+    g_max = min(_GROUP_MAX, max_heads // Hkv)
+    if "gqa" in f and g_max >= 2 and draw(st.booleans()):
+        group = draw(st.integers(2, g_max))
+    Hq = Hkv * group
     is_causal = "causal" in f and draw(st.booleans())
     window = None
     if "window" in f and draw(st.booleans()):
         window = (draw(st.integers(-1, max_n)), draw(st.integers(-1, max_n)))
     alignment = "top_left"
-    if (is_causal or window is not None) and "bottom_right" in f and draw(st.booleans()):
+    if (is_causal or window is not None) and "bottom_right" in f and draw(
+            st.integers(0, 2)) > 0:  # 2 in 3: bottom-right is where Nq != Nk bites
         alignment = "bottom_right"
+    Nq = draw(st.integers(1, max_n))
+    # Nq != Nk in 1 of 2 cases, 3 of 4 under bottom-right alignment (0 shrinks to Nk = Nq).
+    uneven = "uneven_n" in f and draw(
+        st.integers(0, 3 if alignment == "bottom_right" else 1)) > 0
+    Nk = draw(st.integers(1, max_n)) if uneven else Nq
+    layout = draw(st.sampled_from(layouts))
 
     kinds = ["none"] + [k for k, feat in _MASK_FEATURE.items() if feat in f]
     kind = draw(st.sampled_from(kinds))
@@ -281,7 +293,7 @@ def cases(
     max_n: int = 128,
     head_dims: Iterable[int] | None = None,
     max_batch: int = 2,
-    max_heads: int = 4,
+    max_heads: int = 6,
     features: Iterable[str] = ALL_FEATURES,
     backward: bool = True,
     layouts: Iterable[str] = ALL_LAYOUTS,
@@ -295,7 +307,9 @@ def cases(
     - ``max_n``: Nq and Nk are drawn in [1, max_n] (max_n <= ``MAX_N``).
     - ``head_dims``: explicit collection of head dims, or None for the default mix: 1..64
       biased small, plus 40, 72, 80, 96, 111, 128.
-    - ``max_batch``, ``max_heads``: B in [1, max_batch], Hq in [1, max_heads].
+    - ``max_batch``, ``max_heads``: B in [1, max_batch]; Hkv in [1, min(3, max_heads)] and,
+      with ``"gqa"``, a group size in [2, min(3, max_heads // Hkv)], Hq = Hkv x group <=
+      max_heads (the default 6 gives 2x2, 2x3 and 3x2 as well as MQA).
     - ``features``: what may be drawn (``ALL_FEATURES``, plus opt-in ``"tf32"``).
     - ``backward``: the cases ask for gradient checks (and draw a dO distribution).
     - ``layouts``, ``distributions``, ``grad_distributions``: allowed kinds.
