@@ -45,6 +45,7 @@ def main(argv=None) -> int:
                         print(f"non-finite {name} at N={N} D={D} {mode}")
                         return 1
                 n_runs += 1
+                print(f"ok N={N} D={D} {mode}", flush=True)
     print(f"sanitize_cases: {n_runs} forward+backward runs completed")
     return 0
 
