@@ -71,11 +71,6 @@ FLOOR_C = 2.0
 # (Nk = 1), a kernel that rounds P and the result like it differs only by fp32 accumulation;
 # divided by sqrt(3), the standard deviation of a rounding error uniform on [-u, u].
 RMS_FLOOR_DIVISOR = 3.0**0.5
-# Coherent score rounding (a temperature error): a kernel folds scale * log2(e) into one
-# fp32 constant, rounded once (|eps| <= u_acc) and applied to every score; the baseline's
-# own constant carries another u_acc, so two correct kernels differ by <= 2 u_acc. With
-# logits of 1e4 in fp32 this dominates (measured: a Triton forward 3.8x the baseline).
-C_S = 2.0
 
 U_ACC = UNIT_ROUNDOFF["float32"]  # fp32 accumulation (DESIGN §5)
 
@@ -167,15 +162,6 @@ def error_model(
     apr_out = eps_p @ av + (_gamma(nk) + 2 * u_op) * pv + u * o.abs()
     floor_out = u * o.abs() + FLOOR_C * u * torch.sqrt((p * p) @ (av * av))
     floor_out_acc = U_ACC * o.abs() + FLOOR_C * U_ACC * torch.sqrt((p * p) @ (av * av))
-    # Coherent score rounding: kernels fold scale (and log2(e)) into one fp32 constant that
-    # is rounded once for every score, so S becomes (1 + eps) S with |eps| <= u_acc, a
-    # temperature change; the baseline has its own. Exact first-order effect, signed:
-    # dP/deps = P o (S - sum_k P_ik S_ik), propagated through out, D, dS and the gradients.
-    sbar = (p * s_fin).sum(-1, keepdim=True)
-    p_t = torch.where(ok, p * (s_fin - sbar), torch.zeros_like(p))
-    out_t = p_t @ v
-    floor_out = floor_out + C_S * U_ACC * out_t.abs()
-    floor_out_acc = floor_out_acc + C_S * U_ACC * out_t.abs()
     bounds["out"] = TensorBound(floor_out, apr_out, floor_out_acc, n_src)
     lse_sq = lse.squeeze(-1)
     fin = torch.isfinite(lse_sq)
@@ -198,11 +184,6 @@ def error_model(
         -1, keepdim=True
     )
     eps_ds = eps_p * (dp - drow).abs() + p * (eps_dp + eps_drow) + (u + U_ACC) * ads
-    ds_t = p_t * (dp - drow) - p * (do * out_t).sum(-1, keepdim=True)
-    dv_s = C_S * U_ACC * (p_t.transpose(-1, -2) @ do)
-    dq_s = C_S * U_ACC * scale * (ds_t @ k)
-    dk_s = C_S * U_ACC * scale * (ds_t.transpose(-1, -2) @ q)
-
     dv_apr = eps_p.transpose(-1, -2) @ ado + (_gamma(nq) + u + 2 * u_op) * (
         p.transpose(-1, -2) @ ado
     )
@@ -226,19 +207,18 @@ def error_model(
     dk_ref = scale * (ds.transpose(-1, -2) @ q)
     g = hq // hkv
     if g > 1:  # K/V gradients of a shared head sum over its query-head group
-        dv_apr, dv_sq, dv_ref, dv_s = (
-            _group_sum(x, hkv) for x in (dv_apr, dv_sq, dv_ref, dv_s))
-        dk_apr, dk_sq, dk_ref, dk_canc, dk_s = (
-            _group_sum(x, hkv) for x in (dk_apr, dk_sq, dk_ref, dk_canc, dk_s))
+        dv_apr, dv_sq, dv_ref = (_group_sum(x, hkv) for x in (dv_apr, dv_sq, dv_ref))
+        dk_apr, dk_sq, dk_ref, dk_canc = (
+            _group_sum(x, hkv) for x in (dk_apr, dk_sq, dk_ref, dk_canc))
         dv_apr = dv_apr + _gamma(g) * dv_ref.abs()
         dk_apr = dk_apr + _gamma(g) * dk_ref.abs()
-    for name, ref, sq, apr, canc, sc in (
-        ("dq", dq_ref, dq_sq, dq_apr, dq_canc, dq_s),
-        ("dk", dk_ref, dk_sq, dk_apr, dk_canc, dk_s),
-        ("dv", dv_ref, dv_sq, dv_apr, None, dv_s),
+    for name, ref, sq, apr, canc in (
+        ("dq", dq_ref, dq_sq, dq_apr, dq_canc),
+        ("dk", dk_ref, dk_sq, dk_apr, dk_canc),
+        ("dv", dv_ref, dv_sq, dv_apr, None),
     ):
-        floor = u * ref.abs() + FLOOR_C * u * torch.sqrt(sq) + sc.abs()
-        floor_acc = U_ACC * ref.abs() + FLOOR_C * U_ACC * torch.sqrt(sq) + sc.abs()
+        floor = u * ref.abs() + FLOOR_C * u * torch.sqrt(sq)
+        floor_acc = U_ACC * ref.abs() + FLOOR_C * U_ACC * torch.sqrt(sq)
         if canc is not None:
             floor, floor_acc = floor + FLOOR_C * canc, floor_acc + FLOOR_C * canc
         bounds[name] = TensorBound(floor, apr, floor_acc, n_src)
