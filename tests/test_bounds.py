@@ -15,7 +15,16 @@ import pytest
 import torch
 
 from tests.fixtures_kernels import amplified, blocked_attention, coarse_p_attention, dense_fp64
-from verify.bounds import K_RMS, K_RULE, error_model, rms_tolerance, tolerance
+from verify.bounds import (
+    K_RMS,
+    K_RULE,
+    N_EFF_MIN,
+    effective_samples,
+    error_model,
+    rms_tolerance,
+    source_count,
+    tolerance,
+)
 from verify.cases import Case
 from verify.check import check_case
 
@@ -33,7 +42,9 @@ _fp32_throughout.capabilities = {"extensions": ("window", "causal_alignment"), "
                                  "backward": True, "masks": ("bool", "additive")}
 
 CASES = [
-    Case(B=1, Hq=2, Hkv=1, Nq=48, Nk=80, D=32, dtype="bfloat16", is_causal=True,
+    # Large logits saturate most softmax rows (exact one-hot rows have no error), so the
+    # case needs enough rows for >= N_EFF_MIN effective errors on every tensor.
+    Case(B=2, Hq=4, Hkv=2, Nq=128, Nk=128, D=64, dtype="bfloat16", is_causal=True,
          dist={"kind": "large_logits", "target": 1e4}, seed=11),
     Case(B=1, Hq=2, Hkv=2, Nq=64, Nk=64, D=64, dtype="bfloat16", seed=12),
     Case(B=2, Hq=2, Hkv=2, Nq=40, Nk=96, D=16, dtype="float16",
@@ -47,8 +58,72 @@ CASES = [
 def test_three_times_worse_is_flagged_on_every_tensor(case):
     verdict = check_case(amplified(blocked_attention, 3.0), case, "cpu")
     assert verdict.status == "fail" and verdict.failure == "numerical", verdict.summary()
+    # The 3x guarantee is the RMSE rule's, on tensors with enough independent errors.
+    few = {n: t.n_eff for n, t in verdict.tensors.items() if n != "lse" and t.n_eff < N_EFF_MIN}
+    assert not few, f"case outside the 3x guarantee (n_eff < {N_EFF_MIN}): {few}"
     missed = [n for n in ("out", *GRADS) if verdict.tensors[n].passed]
     assert not missed, f"3x error not flagged on {missed}: {verdict.summary()}"
+
+
+_OUTLIER_BIAS_FP32 = {  # the max-abs false alarm of the self-test (dk at 2.7x the baseline)
+    "B": 1, "Hq": 3, "Hkv": 1, "Nq": 52, "Nk": 52, "D": 128, "dtype": "float32",
+    "window": [6, -1], "mask": {"kind": "bias", "shape": "bhqk", "neginf_prob": 0.375,
+                                "neginf_first_tile": False, "tile": 16},
+    "dist": {"kind": "outliers", "p": 0.001, "outlier_sigma": 10.0},
+    "grad_dist": {"kind": "uniform", "a": 1.0}, "backward": True, "seed": 86,
+}
+FALSE_ALARMS = [
+    # constant rows: every out error is the same number, the RMSE is one sample
+    ("fixture", Case(B=1, Hq=1, Hkv=1, Nq=42, Nk=42, D=3, dtype="bfloat16",
+                     dist={"kind": "constant_rows"}, seed=92)),
+    ("blocked_fa2", Case(B=1, Hq=1, Hkv=1, Nq=42, Nk=42, D=3, dtype="bfloat16",
+                         dist={"kind": "constant_rows"}, seed=92)),
+    # 276 correlated errors driven by 2 x 3 x 3 roundings; the RMSE ratio reached 2.4
+    ("online", Case(B=2, Hq=1, Hkv=1, Nq=3, Nk=3, D=46, dtype="float32", layout="strided",
+                    seed=0)),
+    ("blocked_fa2", Case.from_dict({**Case(B=1, Hq=1, Hkv=1, Nq=1, Nk=1, D=1,
+                                           dtype="float32").to_dict(), **_OUTLIER_BIAS_FP32})),
+]
+
+
+def _control(name):
+    from verify.controls import CONTROLS
+
+    if name == "fixture":
+        return blocked_attention
+    return next(c.spec for c in CONTROLS if c.name == name)
+
+
+@pytest.mark.parametrize("name, case", FALSE_ALARMS, ids=[f"{n}-{c.short()}" for n, c in
+                                                         FALSE_ALARMS])
+def test_self_test_false_alarms_pass(name, case):
+    verdict = check_case(_control(name), case, "cpu")
+    assert verdict.status == "pass", verdict.summary()
+
+
+def test_effective_samples_counts_distinct_and_heavy_tailed_errors():
+    g = torch.Generator().manual_seed(0)
+    gauss = torch.randn(4000, generator=g, dtype=torch.float64)
+    assert 3000 < effective_samples(gauss, math.inf) <= 4000
+    assert effective_samples(torch.full((4000,), 1e-3, dtype=torch.float64), math.inf) == 1
+    spiky = gauss * 1e-6
+    spiky[0] = 1.0  # one error carries the RMSE: kurtosis ~ 4000, about 2 samples
+    assert effective_samples(spiky, math.inf) < 3
+    assert effective_samples(gauss, 17.0) == 17.0
+
+
+def test_source_count_merges_identical_rows_and_caps_by_head_dim():
+    s = torch.randn(1, 2, 6, 10, dtype=torch.float64)
+    s[0, 0] = s[0, 0, :1]  # head 0: six identical query rows
+    s[0, 1, :, 7:] = -math.inf  # head 1: 7 allowed keys per row
+    assert source_count(s, head_dim=4) == 1 * 4 + 6 * 4
+    assert source_count(s, head_dim=64) == 1 * 10 + 6 * 7
+
+
+def test_rmse_rule_needs_enough_samples():
+    assert rms_tolerance("out", torch.zeros(3), 1e-3, torch.zeros(3), N_EFF_MIN - 1) == math.inf
+    assert rms_tolerance("out", torch.zeros(3), 1e-3, torch.zeros(3), N_EFF_MIN) == (
+        K_RMS["out"] * 1e-3)
 
 
 @pytest.mark.parametrize("kernel", [blocked_attention, _fp32_throughout, "sdpa-math"],
@@ -114,8 +189,8 @@ def test_tolerance_is_max_of_rule_and_floor():
         tolerance("dz", floor, 1e-3, floor)
 
 
-def test_k_below_three():
-    assert all(k < 3 for k in K_RMS.values())
+def test_k_at_most_three():
+    assert all(k < 3 for k in K_RMS.values()) and all(k <= 3 for k in K_RULE.values())
 
 
 # ------------------------------------------------------------------------------------------
