@@ -170,6 +170,11 @@ def _compiled_flex():
             cfg.recompile_limit = max(cfg.recompile_limit, 256)
         if hasattr(cfg, "accumulated_recompile_limit"):
             cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4096)
+        # The backward is timed by replaying one graph (retain_graph=True); compiled autograd
+        # graphs that donate their saved buffers refuse that, so donation is turned off.
+        import torch._functorch.config as functorch_config
+        if hasattr(functorch_config, "donated_buffer"):
+            functorch_config.donated_buffer = False
         _FLEX.append(torch.compile(flex_attention, dynamic=False))
     return _FLEX[0]
 
