@@ -27,15 +27,15 @@ if [ "$PHASE" = call1 ]; then
   wait
 fi
 if [ "$PHASE" = call2 ]; then
-  V=${VERIFY_S:-420}
-  for k in triton triton-fa1; do
-    job "run-$k" "$V" flashcheck run --kernel $k --device cuda --profile gpu --out "$R/reports/$k" --budget-s $((V-40)) -q
+  V=${VERIFY_S:-300}
+  el bench; timeout -s INT 150 python3 -m kernels.bench --quick --budget-s 110 --out "$R/bench" > "$R/bench.log" 2>&1; el "bench exit=$?"
+  el throughput; timeout -s INT 100 python3 scripts/gpu/throughput.py --kernel triton --device cuda --copies 4 --out "$R/throughput.json" > "$R/throughput.log" 2>&1; el "throughput exit=$?"
+  for k in triton triton-fa1 sdpa-flash sdpa-efficient sdpa-cudnn sdpa-math flex; do
+    job "run-$k" "$V" flashcheck run --kernel $k --device cuda --profile gpu --out "$R/reports/$k" --budget-s $((V-45)) -q
   done
-  job run-sdpa "$V" bash -c "for k in sdpa-flash sdpa-efficient sdpa-cudnn sdpa-math flex; do flashcheck run --kernel \$k --device cuda --profile gpu --out $R/reports/\$k --budget-s $(( (V-60)/5 )) -q; done"
-  job gputests "$V" python3 -m pytest -n 6 --hypothesis-profile=gpu -q -p no:cacheprovider tests
+  job gputests "$V" python3 -m pytest -n 4 --hypothesis-profile=gpu -q -p no:cacheprovider tests
   wait
 fi
 for f in "$R"/*.log; do echo "== $(basename "$f")"; tail -8 "$f"; done
 tar czf "$OUT/gpu.tgz" -C "$R" . 2>/dev/null
-tar czf "$OUT/tcache.tgz" -C "$TRITON_CACHE_DIR" . 2>/dev/null
 ls -la "$OUT"; el done
