@@ -161,6 +161,12 @@ def error_model(
     bounds: dict[str, TensorBound] = {}
     apr_out = eps_p @ av + (_gamma(nk) + 2 * u_op) * pv + u * o.abs()
     floor_out = u * o.abs() + FLOOR_C * u * torch.sqrt((p * p) @ (av * av))
+    # fp32 accumulation of the n_i allowed terms of a row: each addition rounds the running
+    # sum (<= sum_j P_ij |V_jd|), independently: u_acc sqrt(n_i) (P|V|) in quadrature. It
+    # matters in fp32 only (for fp16/bf16 it is < u), and only the elementwise floor gets it.
+    n_keys = ok.sum(-1, keepdim=True).to(f64)
+    n_rows = ok.sum(-2, keepdim=True).transpose(-1, -2).to(f64)
+    floor_out = floor_out + U_ACC * torch.sqrt(n_keys) * pv
     floor_out_acc = U_ACC * o.abs() + FLOOR_C * U_ACC * torch.sqrt((p * p) @ (av * av))
     bounds["out"] = TensorBound(floor_out, apr_out, floor_out_acc, n_src)
     lse_sq = lse.squeeze(-1)
@@ -205,19 +211,23 @@ def error_model(
     dk_sq = (scale**2) * ((ds * ds).transpose(-1, -2) @ (aq * aq))
     dk_canc = scale * torch.sqrt((canc * canc).transpose(-1, -2) @ (aq * aq))
     dk_ref = scale * (ds.transpose(-1, -2) @ q)
+    # fp32 accumulation over the keys (dq) or the query rows (dk, dv), as for out.
+    dq_acc = U_ACC * torch.sqrt(n_keys) * scale * (ads @ ak)
+    dk_acc = U_ACC * torch.sqrt(n_rows) * scale * (ads.transpose(-1, -2) @ aq)
+    dv_acc = U_ACC * torch.sqrt(n_rows) * (p.transpose(-1, -2) @ ado)
     g = hq // hkv
     if g > 1:  # K/V gradients of a shared head sum over its query-head group
         dv_apr, dv_sq, dv_ref = (_group_sum(x, hkv) for x in (dv_apr, dv_sq, dv_ref))
-        dk_apr, dk_sq, dk_ref, dk_canc = (
-            _group_sum(x, hkv) for x in (dk_apr, dk_sq, dk_ref, dk_canc))
+        dk_apr, dk_sq, dk_ref, dk_canc, dk_acc, dv_acc = (
+            _group_sum(x, hkv) for x in (dk_apr, dk_sq, dk_ref, dk_canc, dk_acc, dv_acc))
         dv_apr = dv_apr + _gamma(g) * dv_ref.abs()
         dk_apr = dk_apr + _gamma(g) * dk_ref.abs()
-    for name, ref, sq, apr, canc in (
-        ("dq", dq_ref, dq_sq, dq_apr, dq_canc),
-        ("dk", dk_ref, dk_sq, dk_apr, dk_canc),
-        ("dv", dv_ref, dv_sq, dv_apr, None),
+    for name, ref, sq, apr, canc, acc in (
+        ("dq", dq_ref, dq_sq, dq_apr, dq_canc, dq_acc),
+        ("dk", dk_ref, dk_sq, dk_apr, dk_canc, dk_acc),
+        ("dv", dv_ref, dv_sq, dv_apr, None, dv_acc),
     ):
-        floor = u * ref.abs() + FLOOR_C * u * torch.sqrt(sq)
+        floor = u * ref.abs() + FLOOR_C * u * torch.sqrt(sq) + acc
         floor_acc = U_ACC * ref.abs() + FLOOR_C * U_ACC * torch.sqrt(sq)
         if canc is not None:
             floor, floor_acc = floor + FLOOR_C * canc, floor_acc + FLOOR_C * canc
