@@ -87,6 +87,10 @@ FALSE_ALARMS = [
     ("fp32_throughout", Case(B=1, Hq=2, Hkv=2, Nq=1, Nk=33, D=1, dtype="float32",
                              dist={"kind": "ties", "groups": 1},
                              grad_dist={"kind": "outliers"}, seed=0)),
+    # one allowed key (window (0, 0) bottom-right): dk ~ 0 from dP - D over D = 72 terms
+    ("fp32_throughout", Case(B=1, Hq=2, Hkv=1, Nq=1, Nk=33, D=72, dtype="float16",
+                             window=(0, 0), causal_alignment="bottom_right",
+                             grad_dist={"kind": "outliers"}, seed=214)),
 ]
 
 

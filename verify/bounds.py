@@ -202,11 +202,12 @@ def error_model(
     dv_ref = p.transpose(-1, -2) @ do
     dq_apr = scale * (eps_ds @ ak + (_gamma(nk) + u + 2 * u_op) * (ads @ ak))
     # Floor terms: each dS_ij K_jd rounded (quadrature over j), plus the fp32 cancellation
-    # in dP_ij - D_i: two dot products of length D whose independent fp32 roundings add in
-    # quadrature (u_acc * ||dO_i * V_j||_2 and u_acc * ||dO_i * O_i||_2), which is all a
-    # one-key row (Nk = 1, true gradient 0) leaves; again in quadrature over j.
-    canc = p * U_ACC * (torch.sqrt((do * do) @ (v * v).transpose(-1, -2))
-                        + torch.sqrt((do * do * o * o).sum(-1, keepdim=True)))
+    # in dP_ij - D_i: two dot products of length D whose fp32 roundings add in quadrature,
+    # which is all a one-key row (Nk = 1, true gradient 0) leaves; again over j.
+    # Each of the D additions rounds the running sum, whose size is that of the terms' 2-norm
+    # (random signs), so the quadrature over the D steps is u_acc sqrt(D) ||x o y||_2.
+    canc = p * U_ACC * d**0.5 * (torch.sqrt((do * do) @ (v * v).transpose(-1, -2))
+                                 + torch.sqrt((do * do * o * o).sum(-1, keepdim=True)))
     dq_sq = (scale**2) * ((ds * ds) @ (ak * ak))
     dq_canc = scale * torch.sqrt((canc * canc) @ (ak * ak))
     dq_ref = scale * (ds @ k)
