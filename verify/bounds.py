@@ -60,11 +60,13 @@ K_RMS = {"out": 1.75, "dq": 1.75, "dk": 1.75, "dv": 1.75}  # > max RMSE ratio 1.
 # stays below K_RMS with z = 3.5 standard deviations of headroom when
 # n >= (z / ln(K_RMS / R_sys))^2 = (3.5 / 0.313)^2 = 125 -> 128.
 N_EFF_MIN = 128
-# Measured (docs/bounds.md): max over correct kernels of the max-abs ratio, and [min over
-# flash-class kernels, max over all correct kernels] of the RMSE ratio where the rule applies.
-CALIBRATED_MAX_RATIO = {"out": 1.92, "dq": 1.83, "dk": 1.95, "dv": 1.87}
-CALIBRATED_RMS_RATIO = {"out": (0.63, 1.42), "dq": (0.51, 1.21), "dk": (0.72, 1.10),
-                        "dv": (0.92, 1.28)}
+# Measured (docs/bounds.md; 144 cases, fp32 large-logit Triton gap excluded): max over
+# correct kernels of the max-abs ratio above the floor (dk: the self-test's fp32 D = 128
+# case), and [min over flash-class kernels, max over all correct kernels] of the RMSE
+# ratio on tensors with n_eff >= N_EFF_MIN.
+CALIBRATED_MAX_RATIO = {"out": 1.31, "dq": 2.07, "dk": 2.70, "dv": 1.87}
+CALIBRATED_RMS_RATIO = {"out": (0.66, 1.02), "dq": (0.80, 1.06), "dk": (0.87, 1.14),
+                        "dv": (0.68, 1.06)}
 
 # Floor coefficient on the quadrature sum of the terms: each term of a sum (P_ij V_jd, or
 # dS_ij K_jd) is rounded once to the input dtype (<= u relative) and feeds one fp32
