@@ -2,15 +2,18 @@
 
 Validation turns an SDPA-style call into a :class:`Problem` (plain data the launchers
 read) or raises ``ValueError``/``NotImplementedError`` naming the argument and the allowed
-range. Tuning builds the declarative ``triton.Config`` grid and its ``keep()`` filter.
+range. Tuning: the tuning mode (``"heuristic"``, the default: one config per call from a
+declarative table; ``"autotune"``: a small ``triton.Config`` grid for benchmarks), the
+``keep()`` shared-memory filter both modes apply, and the autotune key buckets.
 
 Caveats:
 - Whether the Triton interpreter is active is decided once, at import time, from
   ``TRITON_INTERPRET`` (Triton itself reads it when a kernel is decorated, so changing it
   later has no effect on already-imported kernels).
 - The shared-memory estimate in :func:`smem_bytes` is a model of what the kernels keep in
-  shared memory (operand tiles times pipeline stages), not Triton's exact allocation; a
-  config that still does not fit is skipped by Triton's autotuner (OutOfResources).
+  shared memory (operand tiles times pipeline stages), not Triton's exact allocation (see
+  its docstring for the measured ratio); a config that still does not fit is skipped by
+  Triton's autotuner (OutOfResources).
 """
 
 from __future__ import annotations
@@ -215,28 +218,30 @@ ANY = None  # the causal column of a table row: matches causal and non-causal ca
 # BLOCK_D <= max_block_d, causal). 2-byte rows follow the H200 tile shapes of Triton's
 # fused-attention tutorial and FlashAttention-2 (forward 128x64 with 8 warps at D = 128,
 # dK/dV with 128 resident key rows and 64-row query tiles, half the stages at D = 256).
-# fp32 uses IEEE dot products, which run on the FMA units: small tiles and one or two
-# stages compile in seconds for sm_90 where the 2-byte shapes take minutes.
+# fp32 uses IEEE dot products, which run on the FMA units and are unrolled per thread: the
+# sm_90 compile time grows with the multiply-adds per thread and tile step (about
+# n_dots * outer * inner * BLOCK_D / threads), so fp32 rows keep that near 2K or below
+# (8 warps at BLOCK_D >= 128); 4x that took 60-140 s per kernel to compile.
 HEURISTIC_TABLE = (
     # kind    elem max_block_d causal  (outer, inner, warps, stages)
     ("fwd",   2,   64,         ANY,    (128, 64, 4, 3)),
     ("fwd",   2,   128,        ANY,    (128, 64, 8, 3)),
     ("fwd",   2,   256,        ANY,    (64, 64, 8, 2)),
     ("fwd",   4,   64,         ANY,    (64, 32, 4, 2)),
-    ("fwd",   4,   128,        ANY,    (64, 32, 4, 1)),
-    ("fwd",   4,   256,        ANY,    (32, 32, 4, 1)),
+    ("fwd",   4,   128,        ANY,    (32, 32, 8, 1)),
+    ("fwd",   4,   256,        ANY,    (32, 16, 8, 1)),
     ("dkdv",  2,   64,         ANY,    (128, 64, 8, 3)),
     ("dkdv",  2,   128,        ANY,    (128, 64, 8, 2)),
     ("dkdv",  2,   256,        ANY,    (64, 32, 8, 2)),
-    ("dkdv",  4,   64,         ANY,    (64, 32, 4, 2)),
-    ("dkdv",  4,   128,        ANY,    (64, 32, 4, 1)),
-    ("dkdv",  4,   256,        ANY,    (32, 32, 4, 1)),
+    ("dkdv",  4,   64,         ANY,    (32, 32, 4, 2)),
+    ("dkdv",  4,   128,        ANY,    (32, 32, 8, 1)),
+    ("dkdv",  4,   256,        ANY,    (32, 16, 8, 1)),
     ("dq",    2,   64,         ANY,    (128, 64, 8, 3)),
     ("dq",    2,   128,        ANY,    (128, 64, 8, 2)),
     ("dq",    2,   256,        ANY,    (64, 32, 8, 2)),
-    ("dq",    4,   64,         ANY,    (64, 32, 4, 2)),
-    ("dq",    4,   128,        ANY,    (64, 32, 4, 1)),
-    ("dq",    4,   256,        ANY,    (32, 32, 4, 1)),
+    ("dq",    4,   64,         ANY,    (32, 32, 4, 2)),
+    ("dq",    4,   128,        ANY,    (32, 32, 8, 1)),
+    ("dq",    4,   256,        ANY,    (32, 16, 8, 1)),
 )
 
 # Autotune mode (benchmarking): the heuristic point plus these candidates, filtered by
@@ -248,9 +253,9 @@ AUTOTUNE_GRID = {
     ("dkdv", 2, 256): ((64, 64, 8, 2), (64, 32, 4, 2), (32, 32, 4, 2)),
     ("dq", 2, 128): ((128, 32, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3), (128, 64, 4, 2)),
     ("dq", 2, 256): ((64, 64, 8, 2), (64, 32, 4, 2), (32, 32, 4, 2)),
-    ("fwd", 4, 256): ((64, 32, 4, 1), (32, 32, 4, 2)),
-    ("dkdv", 4, 256): ((64, 32, 4, 1), (32, 32, 4, 2)),
-    ("dq", 4, 256): ((64, 32, 4, 1), (32, 32, 4, 2)),
+    ("fwd", 4, 256): ((32, 32, 4, 1), (32, 16, 4, 1)),
+    ("dkdv", 4, 256): ((32, 32, 4, 1), (32, 16, 4, 1)),
+    ("dq", 4, 256): ((32, 32, 4, 1), (32, 16, 4, 1)),
 }
 MAX_AUTOTUNE = 5
 # Last resort when neither the table nor the grid fits a device's shared memory.
@@ -310,9 +315,11 @@ def smem_limit(device_index: int | None = None) -> int:
 
 
 def smem_bytes(kind: str, outer: int, inner: int, block_d: int, elem: int, stages: int) -> int:
-    """Shared-memory model of one program (an upper bound of what Triton 3.6 allocated for
-    the sm_90 compiles we checked, e.g. 48 KiB actual vs 160 KiB modelled for the forward
-    at 128x64, D = 128, fp16, 3 stages).
+    """Shared-memory model of one program: operand tiles times pipeline stages. It is a
+    model, not a bound: for the heuristic configs Triton 3.6 allocated 0.7-1.25x of it on
+    sm_90 (forward 128x64, D = 128, fp16, 3 stages: 160 KiB allocated, 128 KiB modelled;
+    every heuristic config allocated at most 176 KiB of the H200's 227 KiB). An autotune
+    config that still does not fit is skipped by Triton's autotuner (OutOfResources).
 
     ``kind`` "fwd": the resident tile is the Q tile of ``outer`` rows; each pipeline stage
     holds a K and a V tile of ``inner`` rows. "dq": resident Q and dO, streamed K and V.

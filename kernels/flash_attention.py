@@ -2,13 +2,15 @@
 
 Layout of this module (Triton fused-attention tutorial / Liger-Kernel style):
 - ``_band_range``/``_allowed``/``_load_2d``: small jit helpers;
-- ``_fwd_kernel``: one program per (Q tile, batch x head); online softmax in fp32 with
+- ``_fwd_kernel_impl``: one program per (Q tile, batch x head); online softmax in fp32 with
   ``exp2`` and log2(e) folded into the scale; saves the row log-sum-exp (base 2) for the
   backward;
 - ``_bwd_preprocess``: delta_i = rowsum(dO_i * O_i);
-- ``_bwd_dkdv_kernel``: one program per (K tile, batch x kv head); loops over the query heads
+- ``_bwd_dkdv_kernel_impl``: one program per (K tile, batch x kv head); loops over the query heads
   of its GQA group, then over Q tiles; optionally accumulates dQ with atomics;
-- ``_bwd_dq_kernel``: one program per (Q tile, batch x head);
+- ``_bwd_dq_kernel_impl``: one program per (Q tile, batch x head);
+- ``_PATHS``: per kernel, a fixed-config launch path (heuristic tuning mode) and an autotuned
+  one over the same jit function (``kernels.set_tuning``/``kernels.tuning``);
 - ``_forward``/``_backward``: launchers; ``_Attention``: the ``autograd.Function``;
 - ``attention``: the public SDPA-compatible entry; ``attention_ext`` adds the non-SDPA
   knobs (``deterministic``, ``allow_tf32``); ``attention_atomic``/``attention_tf32`` are
@@ -17,7 +19,8 @@ Layout of this module (Triton fused-attention tutorial / Liger-Kernel style):
 The causal/window band is turned into a per-program tile range ``[lo, hi)`` split into
 masked edge tiles and unmasked full tiles, so tiles entirely outside the band are never
 computed and full tiles carry no masking (see ``_band_range``). Masks, bias, band and
-boundary checks sit behind constexpr flags.
+boundary checks sit behind constexpr flags, kept few so that the number of compiled
+variants stays small (docs/kernel.md, "Compiled variants").
 
 Caveats:
 - The backward is deterministic (no atomics) unless ``deterministic=False`` is asked for.
