@@ -26,12 +26,19 @@ if [ "$PHASE" = call1 ]; then
   job racecheck 250 compute-sanitizer --tool racecheck --print-limit 20 python3 scripts/gpu/sanitize_cases.py --ns 17,129,1000 --ds 40,128
   wait
 fi
+if [ "$PHASE" = reports ]; then
+  V=${VERIFY_S:-400}
+  for k in triton triton-fa1 sdpa-flash sdpa-efficient sdpa-cudnn sdpa-math flex; do
+    job "run-$k" "$V" python3 -m verify run --kernel $k --device cuda --profile gpu --out "$R/reports/$k" --budget-s $((V-60)) -q
+  done
+  wait
+fi
 if [ "$PHASE" = call2 ]; then
   V=${VERIFY_S:-300}
   el bench; timeout -s INT 150 python3 -m kernels.bench --quick --budget-s 110 --out "$R/bench" > "$R/bench.log" 2>&1; el "bench exit=$?"
   el throughput; timeout -s INT 100 python3 scripts/gpu/throughput.py --kernel triton --device cuda --copies 4 --out "$R/throughput.json" > "$R/throughput.log" 2>&1; el "throughput exit=$?"
   for k in triton triton-fa1 sdpa-flash sdpa-efficient sdpa-cudnn sdpa-math flex; do
-    job "run-$k" "$V" flashcheck run --kernel $k --device cuda --profile gpu --out "$R/reports/$k" --budget-s $((V-45)) -q
+    job "run-$k" "$V" python3 -m verify run --kernel $k --device cuda --profile gpu --out "$R/reports/$k" --budget-s $((V-45)) -q
   done
   job gputests "$V" python3 -m pytest -n 4 --hypothesis-profile=gpu -q -p no:cacheprovider tests
   wait
