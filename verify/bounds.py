@@ -81,6 +81,17 @@ RMS_FLOOR_DIVISOR = 3.0**0.5
 
 U_ACC = UNIT_ROUNDOFF["float32"]  # fp32 accumulation (DESIGN §5)
 
+# Gradual underflow: rounding x to a dtype errs by <= max(u |x|, eta / 2), where eta is the
+# spacing of that dtype's subnormals (its smallest positive value). Relative terms (u |x|)
+# vanish for subnormal results, so every rounding to the input dtype also carries eta / 2
+# absolute: the result's own rounding, and each rounded term (P_ij, dS_ij) of a sum.
+SUBNORMAL_SPACING = {
+    torch.float16: 2.0**-24,
+    torch.bfloat16: 2.0**-133,
+    torch.float32: 2.0**-149,
+}
+HALF_ETA_ACC = 0.5 * SUBNORMAL_SPACING[torch.float32]  # fp32 accumulators underflow as well
+
 
 def _gamma(n: int) -> float:
     """Higham's gamma_n = n u / (1 - n u) for fp32 accumulation of n terms."""
@@ -133,6 +144,8 @@ def error_model(
     if not (isinstance(scale, float) and scale > 0):
         raise ValueError(f"scale must be a finite float > 0, got {scale!r}")
     u = unit_roundoff(dtype)  # rounding of P, dS and the result (input dtype)
+    tdt = dtype if isinstance(dtype, torch.dtype) else getattr(torch, dtype)
+    half_eta = 0.5 * SUBNORMAL_SPACING.get(tdt, 0.0)  # absolute part of each rounding
     u_op = unit_roundoff(dtype, tf32=tf32) if tf32 else 0.0  # TF32 operand rounding
     f64 = torch.float64
     q = query.detach().to(f64)
@@ -175,6 +188,15 @@ def error_model(
     n_rows = ok.sum(-2, keepdim=True).transpose(-1, -2).to(f64)
     floor_out = floor_out + U_ACC * torch.sqrt(n_keys) * pv
     floor_out_acc = U_ACC * o.abs() + FLOOR_C * U_ACC * torch.sqrt((p * p) @ (av * av))
+    # Underflow: the result's rounding (eta/2) and each allowed P_ij rounded (eta/2 |V_jd|,
+    # in quadrature over j). Every kernel that rounds to the dtype carries the first, so the
+    # RMSE floor gets it too.
+    okf = ok.to(f64)
+    # The fp32 products and additions underflow too (eta_fp32 / 2 each): a sum of n terms
+    # carries sqrt(2 n) such errors in quadrature (one per product, one per addition).
+    uf_acc = FLOOR_C * HALF_ETA_ACC * torch.sqrt(2 * n_keys)
+    sub_out = half_eta * (1.0 + FLOOR_C * torch.sqrt(okf @ (av * av))) + uf_acc
+    floor_out, floor_out_acc = floor_out + sub_out, floor_out_acc + half_eta + uf_acc
     bounds["out"] = TensorBound(floor_out, apr_out, floor_out_acc, n_src)
     lse_sq = lse.squeeze(-1)
     fin = torch.isfinite(lse_sq)
@@ -223,6 +245,15 @@ def error_model(
     dq_acc = U_ACC * torch.sqrt(n_keys) * scale * (ads @ ak)
     dk_acc = U_ACC * torch.sqrt(n_rows) * scale * (ads.transpose(-1, -2) @ aq)
     dv_acc = U_ACC * torch.sqrt(n_rows) * (p.transpose(-1, -2) @ ado)
+    # Underflow of each rounded dS_ij (eta/2 |K_jd| or |Q_id|) and P_ij (eta/2 |dO_id|), in
+    # quadrature over the summed index; the results' own eta/2 is added below.
+    uf_dq = FLOOR_C * HALF_ETA_ACC * torch.sqrt(2 * (n_keys + d))
+    uf_dk = FLOOR_C * HALF_ETA_ACC * torch.sqrt(2 * (n_rows + d))
+    uf_dv = FLOOR_C * HALF_ETA_ACC * torch.sqrt(2 * n_rows)
+    sub_dq = FLOOR_C * half_eta * scale * torch.sqrt(okf @ (ak * ak)) + uf_dq
+    sub_dk = FLOOR_C * half_eta * scale * torch.sqrt(okf.transpose(-1, -2) @ (aq * aq)) + uf_dk
+    sub_dv = FLOOR_C * half_eta * torch.sqrt(okf.transpose(-1, -2) @ (ado * ado)) + uf_dv
+    dq_acc, dk_acc, dv_acc = dq_acc + sub_dq, dk_acc + sub_dk, dv_acc + sub_dv
     g = hq // hkv
     if g > 1:  # K/V gradients of a shared head sum over its query-head group
         dv_apr, dv_sq, dv_ref = (_group_sum(x, hkv) for x in (dv_apr, dv_sq, dv_ref))
@@ -230,13 +261,15 @@ def error_model(
             _group_sum(x, hkv) for x in (dk_apr, dk_sq, dk_ref, dk_canc, dk_acc, dv_acc))
         dv_apr = dv_apr + _gamma(g) * dv_ref.abs()
         dk_apr = dk_apr + _gamma(g) * dk_ref.abs()
-    for name, ref, sq, apr, canc, acc in (
-        ("dq", dq_ref, dq_sq, dq_apr, dq_canc, dq_acc),
-        ("dk", dk_ref, dk_sq, dk_apr, dk_canc, dk_acc),
-        ("dv", dv_ref, dv_sq, dv_apr, None, dv_acc),
+    if g > 1:  # as dk_acc and dv_acc above: summed over the query-head group
+        uf_dk, uf_dv = _group_sum(uf_dk, hkv), _group_sum(uf_dv, hkv)
+    for name, ref, sq, apr, canc, acc, uf in (
+        ("dq", dq_ref, dq_sq, dq_apr, dq_canc, dq_acc, uf_dq),
+        ("dk", dk_ref, dk_sq, dk_apr, dk_canc, dk_acc, uf_dk),
+        ("dv", dv_ref, dv_sq, dv_apr, None, dv_acc, uf_dv),
     ):
-        floor = u * ref.abs() + FLOOR_C * u * torch.sqrt(sq) + acc
-        floor_acc = U_ACC * ref.abs() + FLOOR_C * U_ACC * torch.sqrt(sq)
+        floor = u * ref.abs() + FLOOR_C * u * torch.sqrt(sq) + acc + half_eta
+        floor_acc = U_ACC * ref.abs() + FLOOR_C * U_ACC * torch.sqrt(sq) + half_eta + uf
         if canc is not None:
             floor, floor_acc = floor + FLOOR_C * canc, floor_acc + FLOOR_C * canc
         bounds[name] = TensorBound(floor, apr, floor_acc, n_src)
