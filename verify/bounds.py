@@ -177,6 +177,15 @@ def error_model(
     # P = exp(S - lse): dP/P = dS_ij - sum_k P_ik dS_ik, exp/rescale (4 u_acc), the row sum
     # l over Nk terms (gamma_Nk), then P rounded to the input dtype (u).
     eps_p = p * (eps_s + pe + _gamma(nk) + 4 * U_ACC) + u * p
+    # Typical (not worst-case) score rounding, for the floor: a dot product of length D in
+    # fp32 (or TF32 operands) rounds each of its D steps; with random signs these add in
+    # quadrature, u_acc sqrt(D) ||q_i o k_j||_2. Kernels differ in that order (tiles, layouts,
+    # BLAS kernels), so the floor must allow it. Through the softmax:
+    # dP_ij = P_ij (ds_ij - sum_k P_ik ds_ik), taken in quadrature.
+    u_dot = U_ACC + 2 * u_op
+    es = FLOOR_C * u_dot * d**0.5 * scale * torch.sqrt((q * q) @ (k * k).transpose(-1, -2))
+    es = torch.where(ok, es, torch.zeros_like(es))
+    dp_s = p * torch.sqrt(es * es + ((p * es) ** 2).sum(-1, keepdim=True))
     pv = p @ av
     bounds: dict[str, TensorBound] = {}
     apr_out = eps_p @ av + (_gamma(nk) + 2 * u_op) * pv + u * o.abs()
@@ -194,6 +203,7 @@ def error_model(
     okf = ok.to(f64)
     # The fp32 products and additions underflow too (eta_fp32 / 2 each): a sum of n terms
     # carries sqrt(2 n) such errors in quadrature (one per product, one per addition).
+    floor_out = floor_out + torch.sqrt((dp_s * dp_s) @ (v * v))
     uf_acc = FLOOR_C * HALF_ETA_ACC * torch.sqrt(2 * n_keys)
     sub_out = half_eta * (1.0 + FLOOR_C * torch.sqrt(okf @ (av * av))) + uf_acc
     floor_out, floor_out_acc = floor_out + sub_out, floor_out_acc + half_eta + uf_acc
@@ -247,6 +257,11 @@ def error_model(
     dv_acc = U_ACC * torch.sqrt(n_rows) * (p.transpose(-1, -2) @ ado)
     # Underflow of each rounded dS_ij (eta/2 |K_jd| or |Q_id|) and P_ij (eta/2 |dO_id|), in
     # quadrature over the summed index; the results' own eta/2 is added below.
+    # Score rounding through P (above) into dS = P (dP - D) and into dV = P^T dO.
+    dds = dp_s * (dp - drow).abs()
+    dq_acc = dq_acc + scale * torch.sqrt((dds * dds) @ (k * k))
+    dk_acc = dk_acc + scale * torch.sqrt((dds * dds).transpose(-1, -2) @ (q * q))
+    dv_acc = dv_acc + torch.sqrt((dp_s * dp_s).transpose(-1, -2) @ (do * do))
     uf_dq = FLOOR_C * HALF_ETA_ACC * torch.sqrt(2 * (n_keys + d))
     uf_dk = FLOOR_C * HALF_ETA_ACC * torch.sqrt(2 * (n_rows + d))
     uf_dv = FLOOR_C * HALF_ETA_ACC * torch.sqrt(2 * n_rows)
