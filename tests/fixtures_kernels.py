@@ -91,9 +91,9 @@ class _Blocked(torch.autograd.Function):
                                       window, causal_alignment)
         b, h, nq, d = q.shape
         nk = k.shape[2]
-        m = torch.full((b, h, nq, 1), -math.inf)
-        l = torch.zeros(b, h, nq, 1)
-        acc = torch.zeros(b, h, nq, v.shape[-1])
+        m = torch.full((b, h, nq, 1), -math.inf, device=q.device)
+        l = torch.zeros(b, h, nq, 1, device=q.device)
+        acc = torch.zeros(b, h, nq, v.shape[-1], device=q.device)
         for j0 in range(0, nk, block_n):
             j1 = min(j0 + block_n, nk)
             s, ok = _scores(q, k, scale, allowed, bias, j0, j1)

@@ -79,9 +79,13 @@ def _base_for(m: Mutant):
     return TritonForward() if m.impl == "triton" else BlockedAttention()
 
 
+# The Triton mutants run on CUDA, or on the CPU under the interpreter only.
+_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def _run(kernel, case: Case):
-    """(out, grads or None, inputs before the call, inputs after the call)."""
-    inp = case.materialize("cpu")
+    """(out, grads or None, inputs before the call, inputs after the call); outputs on CPU."""
+    inp = case.materialize(_DEVICE)
     before = inp.clone()
     if case.backward:
         for t in (inp.query, inp.key, inp.value):
@@ -89,8 +93,9 @@ def _run(kernel, case: Case):
     out = kernel(inp.query, inp.key, inp.value, **inp.kwargs())
     grads = None
     if case.backward:
-        grads = torch.autograd.grad(out, (inp.query, inp.key, inp.value), inp.grad_out)
-    return out.detach(), grads, before, inp
+        grads = tuple(g.cpu() for g in
+                      torch.autograd.grad(out, (inp.query, inp.key, inp.value), inp.grad_out))
+    return out.detach().cpu(), grads, before, inp
 
 
 def _errors(case: Case, out, grads) -> dict[str, tuple[float, float]]:
