@@ -11,28 +11,13 @@ zero strides on broadcast dimensions; callers must not write into it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
+from reference._validate import Problem  # the validated shape and flags of one call
+
 DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 ALIGNMENTS = ("top_left", "bottom_right")
-
-
-@dataclass(frozen=True)
-class Problem:
-    """The shape and flags of one call, after validation."""
-
-    B: int
-    Hq: int
-    Hkv: int
-    Nq: int
-    Nk: int
-    D: int
-    scale: float
-    is_causal: bool
-    causal_alignment: str
-    window: tuple[int, int] | None
 
 
 def check_args(
