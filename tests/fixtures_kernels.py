@@ -21,24 +21,9 @@ import math
 
 import torch
 
+from reference.masks import structural_mask
+
 _MANT = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23}
-
-
-def structural(nq, nk, *, is_causal, causal_alignment, window, device):
-    """(Nq, Nk) bool: the causal/window rules of docs/contracts.md §1."""
-    off = 0 if causal_alignment == "top_left" else nk - nq
-    i = torch.arange(nq, device=device)[:, None] + off
-    j = torch.arange(nk, device=device)[None, :]
-    ok = torch.ones(nq, nk, dtype=torch.bool, device=device)
-    if is_causal:
-        ok &= j <= i
-    if window is not None:
-        left, right = window
-        if left >= 0:
-            ok &= j >= i - left
-        if right >= 0:
-            ok &= j <= i + right
-    return ok
 
 
 def _setup(query, key, attn_mask, is_causal, scale, enable_gqa, window, causal_alignment):
@@ -46,8 +31,8 @@ def _setup(query, key, attn_mask, is_causal, scale, enable_gqa, window, causal_a
         raise ValueError("enable_gqa=False requires Hq == Hkv")
     nq, nk, d = query.shape[2], key.shape[2], query.shape[3]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    allowed = structural(nq, nk, is_causal=is_causal, causal_alignment=causal_alignment,
-                         window=window, device=query.device)
+    allowed = structural_mask(nq, nk, is_causal=is_causal, causal_alignment=causal_alignment,
+                              window=window, device=query.device)
     bias = None
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:

@@ -57,6 +57,7 @@ from verify.distributions import (
     DIST_KINDS,
     DTYPES,
     GRAD_DIST_KINDS,
+    check_kind_dict,
     draw_grad,
     draw_qkv,
     normalize_dist,
@@ -115,18 +116,8 @@ def _fraction(v, name: str) -> float:
 
 def _normalize_mask(m, *, B: int, Nk: int) -> dict:
     """Validate a mask dict and fill in defaults. Raises ValueError naming mask.<param>."""
-    if not isinstance(m, Mapping):
-        raise ValueError(f"mask must be a dict like {{'kind': 'none'}}, got {m!r}")
-    kind = m.get("kind")
-    if kind not in MASK_DEFAULTS:
-        raise ValueError(f"mask.kind must be one of {list(MASK_KINDS)}, got {kind!r}")
-    defaults = MASK_DEFAULTS[kind]
-    unknown = set(m) - {"kind"} - set(defaults)
-    if unknown:
-        raise ValueError(
-            f"mask: unknown parameter(s) {sorted(unknown)} for kind {kind!r}; "
-            f"allowed: {sorted(defaults) or 'none'}"
-        )
+    kind, defaults = check_kind_dict(m, MASK_DEFAULTS, field="mask", example="none",
+                                     kinds=list(MASK_KINDS))
     out: dict = {"kind": kind}
     if kind == "none":
         return out

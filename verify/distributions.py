@@ -99,17 +99,17 @@ def stream(seed: int, name: str) -> torch.Generator:
     return g
 
 
-def normalize_dist(d, *, field: str = "dist", grad: bool = False) -> dict:
-    """Validate a distribution dict and return it with defaults filled in.
-
-    Raises ValueError naming ``field`` (and the parameter) with the allowed values/range.
-    """
-    table = GRAD_DIST_DEFAULTS if grad else DIST_DEFAULTS
+def check_kind_dict(d, table: Mapping, *, field: str, example: str, kinds=None):
+    """The shared part of validating a ``{"kind": ..., **params}`` dict (distributions here,
+    masks in verify.cases): a mapping, a known kind, no unknown parameter. Returns
+    ``(kind, defaults of that kind)``; raises ValueError naming ``field``. ``kinds`` is the
+    list shown in the message (default: the table's kinds, sorted)."""
     if not isinstance(d, Mapping):
-        raise ValueError(f"{field} must be a dict like {{'kind': 'normal'}}, got {d!r}")
+        raise ValueError(f"{field} must be a dict like {{'kind': '{example}'}}, got {d!r}")
     kind = d.get("kind")
     if kind not in table:
-        raise ValueError(f"{field}.kind must be one of {sorted(table)}, got {kind!r}")
+        shown = sorted(table) if kinds is None else kinds
+        raise ValueError(f"{field}.kind must be one of {shown}, got {kind!r}")
     defaults = table[kind]
     unknown = set(d) - {"kind"} - set(defaults)
     if unknown:
@@ -117,6 +117,16 @@ def normalize_dist(d, *, field: str = "dist", grad: bool = False) -> dict:
         raise ValueError(
             f"{field}: unknown parameter(s) {sorted(unknown)} for kind {kind!r}; allowed: {allowed}"
         )
+    return kind, defaults
+
+
+def normalize_dist(d, *, field: str = "dist", grad: bool = False) -> dict:
+    """Validate a distribution dict and return it with defaults filled in.
+
+    Raises ValueError naming ``field`` (and the parameter) with the allowed values/range.
+    """
+    table = GRAD_DIST_DEFAULTS if grad else DIST_DEFAULTS
+    kind, defaults = check_kind_dict(d, table, field=field, example="normal")
     out: dict = {"kind": kind}
     for name, default in defaults.items():
         v = d.get(name, default)
