@@ -54,6 +54,6 @@ def test_table_and_files(tmp_path):
 def test_main_without_gpu_is_an_environment_error(capsys):
     import torch
     if torch.cuda.is_available():
-        pytest.skip("a GPU is present")
+        pytest.skip("a GPU is present, so the no-CUDA error path of bench.main cannot run here")
     assert bench.main(["--quick"]) == 2
     assert "CUDA" in capsys.readouterr().err

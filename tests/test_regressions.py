@@ -36,7 +36,7 @@ def test_regression_case_passes(path, kernel, device):
     target = load_target(case_path=str(path), tensors_path=None)
     verdict = check_case(kernel, target.case, device)
     if verdict.status == "not_run":
-        pytest.skip(verdict.reason)
+        pytest.skip(f"outside {kernel.spec}'s domain on {device}: {verdict.reason}")
     assert verdict.status == "pass", (
         f"{verdict.summary()}; replay: flashcheck repro {path} --kernel triton "
         f"--device {device}")
