@@ -131,7 +131,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     sweep = fixed_sweep(profile)
     records = run_cases(kernel, sweep, device, kernel_spec=args.kernel,
                         failures_dir=out / "failures", what=f"run[{profile}]",
-                        quiet=args.quiet, budget_s=args.budget_s)
+                        quiet=args.quiet, budget_s=args.budget_s, jobs=args.jobs)
     header = R.make_header(kernel=args.kernel, device=device, command=args.argv,
                            profile=profile)
     rep = R.build_report(records, header=header)
@@ -186,7 +186,8 @@ def cmd_gate(args: argparse.Namespace) -> int:
     kernel = _resolve(args.kernel, device)
     return gate.run_gate(kernel, kernel_spec=args.kernel, device=device, profile=profile,
                          budgets_path=budgets, corpus=corpus, update=args.update,
-                         out=Path(args.out), quiet=args.quiet, command=args.argv)
+                         out=Path(args.out), quiet=args.quiet, command=args.argv,
+                         jobs=args.jobs)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -243,6 +244,11 @@ def build_parser() -> argparse.ArgumentParser:
     def quiet(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--quiet", "-q", action="store_true", help="no progress output")
 
+    def jobs(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--jobs", "-j", type=_positive_int, default=1, metavar="N",
+                        help="check cases in N worker processes (default 1); cold GPU "
+                             "sweeps are compile-bound and scale with it")
+
     sp = sub.add_parser("run", help="the default sweep plus the per-configuration report")
     common(sp)
     sp.add_argument("--profile", choices=("cpu", "gpu"), default=None,
@@ -251,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"report directory (default: {DEFAULT_OUT})")
     sp.add_argument("--budget-s", type=_positive_float, default=None, metavar="S",
                     help="start no new case after S seconds; the rest are reported as not run")
+    jobs(sp)
     quiet(sp)
     sp.set_defaults(func=cmd_run)
 
@@ -299,6 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="regression case files (default: tests/regressions)")
     sp.add_argument("--out", default=f"{DEFAULT_OUT}/gate", metavar="DIR",
                     help=f"report and failures (default: {DEFAULT_OUT}/gate)")
+    jobs(sp)
     quiet(sp)
     sp.set_defaults(func=cmd_gate)
 

@@ -174,7 +174,7 @@ def diff_text(old: str, new: str, name: str) -> str:
 
 def run_gate(kernel: Any, *, kernel_spec: str, device: str, profile: str, budgets_path: Path,
              corpus: Path, update: bool, out: Path, quiet: bool = False,
-             command: list[str] | None = None) -> int:
+             command: list[str] | None = None, jobs: int = 1) -> int:
     from verify.strategies import fixed_sweep
     from verify.sweep import run_cases
 
@@ -182,7 +182,8 @@ def run_gate(kernel: Any, *, kernel_spec: str, device: str, profile: str, budget
     regressions = load_corpus(corpus)
     cases = list(fixed_sweep(profile)) + regressions
     records = run_cases(kernel, cases, device, kernel_spec=kernel_spec,
-                        failures_dir=out / "failures", what=f"gate[{profile}]", quiet=quiet)
+                        failures_dir=out / "failures", what=f"gate[{profile}]", quiet=quiet,
+                        jobs=jobs)
     header = R.make_header(kernel=kernel_spec, device=device, command=command, profile=profile,
                            regressions=len(regressions))
     rep = R.build_report(records, header=header)

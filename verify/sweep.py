@@ -81,22 +81,24 @@ def write_failure(out_dir: str | Path, case: Any, verdict: Any, *, kernel_spec: 
 
 def run_cases(kernel: Any, cases: Iterable[Any], device: str, *, kernel_spec: str,
               failures_dir: str | Path | None, what: str = "cases",
-              quiet: bool = False, budget_s: float | None = None) -> list[dict[str, Any]]:
-    """Check every case; returns the report records. Failures are written when a dir is given.
+              quiet: bool = False, budget_s: float | None = None,
+              jobs: int = 1) -> list[dict[str, Any]]:
+    """Check every case; returns the report records, in the order of ``cases``. Failures are
+    written when a dir is given.
 
     No result is lost to a time limit or an interrupt: once ``budget_s`` seconds have passed,
     or on Ctrl-C / SIGTERM, the cases not yet checked are recorded as "not run" with that
     reason, and the caller still writes its report.
+
+    ``jobs > 1`` checks the cases in that many worker processes (:func:`_run_parallel`); each
+    resolves ``kernel_spec`` itself, so the spec must name the kernel (``kernel`` is then not
+    used). Records and case files are the same as with one process.
     """
     import signal
-    import time
 
-    from verify.check import Verdict, check_case
-
+    if not (isinstance(jobs, int) and jobs >= 1):
+        raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
     cases = list(cases)
-    records: list[dict[str, Any]] = []
-    t0 = time.monotonic()
-    stop_reason: str | None = None
 
     def _on_term(signum, frame):  # SIGTERM (e.g. `timeout`) becomes the same as Ctrl-C
         raise KeyboardInterrupt
@@ -104,25 +106,132 @@ def run_cases(kernel: Any, cases: Iterable[Any], device: str, *, kernel_spec: st
     previous = signal.signal(signal.SIGTERM, _on_term)
     try:
         with Progress(what, len(cases), quiet=quiet) as bar:
-            for case in cases:
-                if budget_s is not None and time.monotonic() - t0 > budget_s:
-                    stop_reason = f"time budget of {budget_s:g} s exhausted (--budget-s)"
-                if stop_reason is None:
-                    try:
-                        verdict = check_case(kernel, case, device)
-                    except KeyboardInterrupt:
-                        stop_reason = "interrupted before this case ran"
-                if stop_reason is not None:
-                    verdict = Verdict(case=case, kernel=kernel_spec, device=device,
-                                      status="not_run", reason=stop_reason)
-                    records.append(verdict_record(case, verdict))
-                    continue
-                case_file = None
-                if verdict.status == "fail" and failures_dir is not None:
-                    case_file = write_failure(failures_dir, case, verdict,
-                                              kernel_spec=kernel_spec, device=device)
-                records.append(verdict_record(case, verdict, case_file))
-                bar.advance(case.short()[:60])
+            if jobs > 1 and len(cases) > 1:
+                return _run_parallel(cases, device, kernel_spec=kernel_spec,
+                                     failures_dir=failures_dir, budget_s=budget_s,
+                                     jobs=min(jobs, len(cases)), bar=bar)
+            return _run_serial(kernel, cases, device, kernel_spec=kernel_spec,
+                               failures_dir=failures_dir, budget_s=budget_s, bar=bar)
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _budget_reason(budget_s: float) -> str:
+    return f"time budget of {budget_s:g} s exhausted (--budget-s)"
+
+
+def _not_run(case: Any, kernel_spec: str, device: str, reason: str) -> dict[str, Any]:
+    from verify.check import Verdict
+
+    verdict = Verdict(case=case, kernel=kernel_spec, device=device, status="not_run",
+                      reason=reason)
+    return verdict_record(case, verdict)
+
+
+def _check_one(kernel: Any, case: Any, device: str, *, kernel_spec: str,
+               failures_dir: str | Path | None) -> dict[str, Any]:
+    from verify.check import check_case
+
+    verdict = check_case(kernel, case, device)
+    case_file = None
+    if verdict.status == "fail" and failures_dir is not None:
+        case_file = write_failure(failures_dir, case, verdict, kernel_spec=kernel_spec,
+                                  device=device)
+    return verdict_record(case, verdict, case_file)
+
+
+def _run_serial(kernel: Any, cases: list[Any], device: str, *, kernel_spec: str,
+                failures_dir: str | Path | None, budget_s: float | None,
+                bar: Progress) -> list[dict[str, Any]]:
+    import time
+
+    records: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    stop_reason: str | None = None
+    for case in cases:
+        if stop_reason is None and budget_s is not None and time.monotonic() - t0 > budget_s:
+            stop_reason = _budget_reason(budget_s)
+        if stop_reason is None:
+            try:
+                records.append(_check_one(kernel, case, device, kernel_spec=kernel_spec,
+                                          failures_dir=failures_dir))
+                bar.advance(case.short()[:60])
+                continue
+            except KeyboardInterrupt:
+                stop_reason = "interrupted before this case ran"
+        records.append(_not_run(case, kernel_spec, device, stop_reason))
     return records
+
+
+# Worker-process state for jobs > 1: the kernel is resolved once per worker.
+_WORKER: dict[str, Any] = {}
+
+
+def _worker_init(kernel_spec: str, device: str) -> None:
+    import signal
+
+    from verify.adapters import resolve_kernel
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt does
+    _WORKER["kernel"] = resolve_kernel(kernel_spec, device)
+
+
+def _worker_check(case: Any, device: str, kernel_spec: str, failures_dir: str | None,
+                  deadline: float | None, budget_s: float | None) -> dict[str, Any]:
+    import time
+
+    if deadline is not None and time.time() > deadline:
+        return _not_run(case, kernel_spec, device, _budget_reason(budget_s))
+    return _check_one(_WORKER["kernel"], case, device, kernel_spec=kernel_spec,
+                      failures_dir=failures_dir)
+
+
+def _run_parallel(cases: list[Any], device: str, *, kernel_spec: str,
+                  failures_dir: str | Path | None, budget_s: float | None, jobs: int,
+                  bar: Progress) -> list[dict[str, Any]]:
+    """``jobs`` spawned worker processes, one case per task. The budget is a wall-clock
+    deadline that workers check before each case. On an interrupt the workers are stopped
+    and every case without a result is recorded "not run"; a worker that dies (a crash in a
+    kernel) fails only the cases that had no result, as "error" records naming the cause.
+
+    Caveat: the cases that were running when an interrupt arrived are lost and recorded "not
+    run"; a case is never reported twice.
+    """
+    import concurrent.futures as cf
+    import multiprocessing
+    import time
+    from concurrent.futures.process import BrokenProcessPool
+
+    from verify.check import Verdict
+
+    deadline = None if budget_s is None else time.time() + budget_s
+    fdir = None if failures_dir is None else str(failures_dir)
+    results: dict[int, dict[str, Any]] = {}
+    pool = cf.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context(
+        "spawn"), initializer=_worker_init, initargs=(kernel_spec, device))
+    futures = {pool.submit(_worker_check, case, device, kernel_spec, fdir, deadline,
+                           budget_s): i for i, case in enumerate(cases)}
+    stop_reason = "interrupted before this case ran"
+    try:
+        for fut in cf.as_completed(futures):
+            i = futures[fut]
+            try:
+                results[i] = fut.result()
+            except BrokenProcessPool as e:
+                # Conservative: a crash is a failure, and the crashing case is one of those
+                # that had no result; ``--jobs 1`` (or ``repro``) tells which.
+                verdict = Verdict(case=cases[i], kernel=kernel_spec, device=device,
+                                  status="fail", failure="worker_died",
+                                  reason=f"a worker process died while this case was pending "
+                                         f"({e}); rerun with --jobs 1 to find the crashing case")
+                results[i] = verdict_record(cases[i], verdict)
+            bar.advance(cases[i].short()[:60])
+    except KeyboardInterrupt:
+        for fut in futures:
+            fut.cancel()
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            proc.terminate()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return [results[i] if i in results else _not_run(c, kernel_spec, device, stop_reason)
+            for i, c in enumerate(cases)]

@@ -1,0 +1,73 @@
+"""``run_cases(jobs=N)``: worker processes give the same records as one process, keep the
+budget, and turn a crashing worker into failures instead of a hang or lost results."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from verify.adapters import resolve_kernel
+from verify.strategies import fixed_sweep
+from verify.sweep import run_cases
+
+SPEC = "sdpa-math"
+
+
+def _key(rec):
+    tensors = {k: (t["max_abs"], t["ratio"]) for k, t in rec["tensors"].items()}
+    return rec["summary"].split(" [")[0], rec["status"], rec["failure"], tensors
+
+
+@pytest.fixture(scope="module")
+def cases():
+    return fixed_sweep("cpu")[:8]
+
+
+def test_parallel_records_equal_serial(cases, tmp_path):
+    kernel = resolve_kernel(SPEC, "cpu")
+    serial = run_cases(kernel, cases, "cpu", kernel_spec=SPEC, failures_dir=None, quiet=True)
+    parallel = run_cases(None, cases, "cpu", kernel_spec=SPEC, failures_dir=None, quiet=True,
+                         jobs=2)
+    assert [r["case"] for r in parallel] == [c.to_dict() for c in cases]  # order kept
+    assert [r["status"] for r in parallel] == ["pass"] * len(cases)
+    assert [_key(r) for r in parallel] == [_key(r) for r in serial]
+
+
+def test_parallel_budget_reports_the_rest_not_run(cases):
+    recs = run_cases(None, cases, "cpu", kernel_spec=SPEC, failures_dir=None, quiet=True,
+                     jobs=2, budget_s=1e-9)
+    assert {r["status"] for r in recs} == {"not_run"}
+    assert all("--budget-s" in r["reason"] for r in recs)
+
+
+def test_crashing_worker_becomes_failures_not_a_hang(cases, tmp_path):
+    crash = tmp_path / "crash.py"
+    nq = cases[2].Nq
+    crash.write_text(textwrap.dedent(f"""
+        import os
+        import torch.nn.functional as F
+
+        def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                      enable_gqa=False):
+            if q.shape[-2] == {nq} and q.shape[0] == 2:
+                os._exit(3)  # a kernel that takes the process down
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                                  is_causal=is_causal, scale=scale,
+                                                  enable_gqa=enable_gqa)
+    """))
+    spec = f"{crash}:attention"
+    recs = run_cases(None, cases, "cpu", kernel_spec=spec, failures_dir=tmp_path / "f",
+                     quiet=True, jobs=2)
+    assert len(recs) == len(cases)
+    died = [r for r in recs if r["failure"] == "worker_died"]
+    assert died, [r["status"] for r in recs]
+    assert all(r["status"] == "fail" and "--jobs 1" in r["reason"] for r in died)
+    assert any(r["case"] == cases[2].to_dict() for r in died)
+    json.dumps(recs)  # the records still make a report
+
+
+def test_jobs_must_be_positive(cases):
+    with pytest.raises(ValueError, match="jobs must be an integer >= 1"):
+        run_cases(None, cases, "cpu", kernel_spec=SPEC, failures_dir=None, jobs=0)
