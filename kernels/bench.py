@@ -1,6 +1,7 @@
 """Speed of the Triton kernels beside PyTorch's attention kernels (GPU only).
 
-``python -m kernels.bench [--quick] [--out DIR] [--budget-s S]``; ``flashcheck bench`` calls
+``python -m kernels.bench [--quick] [--ns N,N] [--prewarm J] [--out DIR] [--budget-s S]``;
+``flashcheck bench`` calls
 :func:`main` with its own argv. In one process, per configuration (dtype in bf16/fp16, D in
 64/128, causal or not, N in 1K/4K/16K at a fixed B*H*N = 2^20 tokens, H = 16; ``--quick``:
 bf16, D = 128, N = 4K, causal and not), it times:
@@ -25,8 +26,12 @@ minutes including start-up) become "n/a: skipped (time budget)". The first call 
 (dtype, D, causal) pays the compilation of the Triton kernels (at most MAX_AUTOTUNE configs
 per kernel; later N reuse the binaries, since sequence lengths are not specialised, and only
 re-benchmark them for their length bucket); it is made before timing and is not counted.
-Compiled kernels and autotune results are cached on disk by Triton and Inductor, so a second
-run in the same environment starts faster.
+Compiled kernels are cached on disk by Triton and Inductor, so a second run in the same
+environment starts faster. ``--prewarm J`` uses that: J processes first compile every
+configuration's Triton and FlexAttention kernels in parallel (untimed; recorded as
+``meta["prewarm_s"]``), and the timed process, alone on the GPU, then re-runs the autotune
+benchmarks with cached binaries and looks up the compiled graphs. ``--ns`` restricts the
+sequence lengths, so that the matrix can be split across runs.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ TOKENS = 1 << 20  # B * H * N, fixed so that N = 16K still fits and every row do
 HEADS = 16
 PASSES = ("fwd", "bwd", "fwd+bwd")
 PEERS = ("triton-fa2", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex")
+COMPILED = ("triton-fa2", "flex")  # the implementations that compile per shape (--prewarm)
 
 
 def flops(B: int, H: int, Nq: int, Nk: int, D: int, causal: bool, pass_: str) -> float:
@@ -184,7 +190,7 @@ def _compiled_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def _bench_one(cfg: dict, impl: str) -> list[dict]:
+def _bench_one(cfg: dict, impl: str, timed: bool = True) -> list[dict]:
     from triton.testing import do_bench
     dtype = getattr(torch, cfg["dtype"])
     B, H, N, D = cfg["B"], cfg["H"], cfg["N"], cfg["D"]
@@ -197,6 +203,8 @@ def _bench_one(cfg: dict, impl: str) -> list[dict]:
     out = fn(q, k, v)  # warm-up: autotuning / compilation, not timed
     out.backward(do)
     torch.cuda.synchronize()
+    if not timed:
+        return []
     if impl == "flex" and _compiled_graphs() <= graphs:
         note = "not verified compiled: no new dynamo graph for this shape"
     base = torch.cuda.memory_allocated()
@@ -241,6 +249,64 @@ def run(configs: list[dict], budget_s: float, log=print) -> list[dict]:
     return rows
 
 
+def warm(configs: list[dict], shard: int, shards: int) -> None:
+    """Compile without timing: this shard's configurations (every ``shards``-th from
+    ``shard``) run one forward+backward of each compiled implementation (our kernel in the
+    autotune mode, FlexAttention), filling Triton's and Inductor's on-disk caches. The timed
+    process then only re-benchmarks the autotune candidates (on a quiet GPU) and looks up the
+    compiled graphs."""
+    for cfg in configs[shard::shards]:
+        for impl in COMPILED:
+            try:
+                _bench_one(cfg, impl, timed=False)
+            except Exception as e:  # noqa: BLE001 - the timed run reports the failure
+                print(f"warm {impl} {cfg}: {type(e).__name__}: {e}"[:300], file=sys.stderr)
+            torch.cuda.empty_cache()
+
+
+def prewarm(configs: list[dict], jobs: int, timeout_s: float, quick: bool,
+            ns: list[int] | None) -> float:
+    """Run :func:`warm` in ``jobs`` subprocesses (compilation is CPU-bound and single-threaded
+    per process); returns the seconds it took. A shard that fails or runs past ``timeout_s``
+    only leaves its configurations to be compiled by the timed run."""
+    t0 = time.monotonic()
+    base = [sys.executable, "-m", "kernels.bench", "--out", "unused"]
+    if quick:
+        base.append("--quick")
+    if ns:
+        base += ["--ns", ",".join(map(str, ns))]
+    procs = [subprocess.Popen(base + ["--warm-shard", f"{i}/{jobs}"]) for i in range(jobs)]
+    for p in procs:
+        try:
+            p.wait(timeout=max(1.0, timeout_s - (time.monotonic() - t0)))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    return time.monotonic() - t0
+
+
+def _ns(text: str) -> list[int]:
+    try:
+        ns = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated N from 1024, 4096, 16384, "
+                                         f"got {text!r}") from None
+    bad = [n for n in ns if n not in (1024, 4096, 16384)]
+    if bad:
+        raise argparse.ArgumentTypeError(f"N must be among 1024, 4096, 16384, got {bad}")
+    return ns
+
+
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        i, j = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be I/J with 0 <= I < J, got {text!r}") from None
+    if not 0 <= i < j:
+        raise argparse.ArgumentTypeError(f"must be I/J with 0 <= I < J, got {text!r}")
+    return i, j
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="kernels.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="docs/benchmarks", help="output directory")
@@ -248,7 +314,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="bf16, D=128, N=4K, causal and not (2 configurations, < 3 minutes)")
     ap.add_argument("--budget-s", type=float, default=330.0,
                     help="stop starting new rows after this many seconds (default 330)")
+    ap.add_argument("--ns", type=_ns, default=None, metavar="N,N",
+                    help="only these sequence lengths (of 1024, 4096, 16384)")
+    ap.add_argument("--prewarm", type=int, default=0, metavar="J",
+                    help="first compile every configuration in J parallel processes "
+                         "(not timed; 0: compile in the timed process, at each warm-up)")
+    ap.add_argument("--prewarm-timeout-s", type=float, default=300.0, metavar="S",
+                    help="stop the prewarm processes after S seconds (default 300)")
+    ap.add_argument("--warm-shard", type=_shard, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.prewarm < 0:
+        print(f"--prewarm must be >= 0, got {args.prewarm}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("kernels.bench needs a CUDA GPU (none found)", file=sys.stderr)
         return 2
@@ -256,11 +333,20 @@ def main(argv: list[str] | None = None) -> int:
         print("--budget-s must be > 0", file=sys.stderr)
         return 2
     import kernels
+    configs = [c for c in configurations(args.quick) if not args.ns or c["N"] in args.ns]
+    if args.warm_shard is not None:
+        with kernels.tuning("autotune"):
+            warm(configs, *args.warm_shard)
+        return 0
     meta = _meta()
     meta["quick"] = args.quick
     meta["tuning"] = "autotune"
+    if args.prewarm > 0:
+        meta["prewarm_s"] = round(prewarm(configs, args.prewarm, args.prewarm_timeout_s,
+                                          args.quick, args.ns), 1)
+        print(f"prewarm: {meta['prewarm_s']} s in {args.prewarm} processes", flush=True)
     with kernels.tuning("autotune"):
-        rows = run(configurations(args.quick), args.budget_s)
+        rows = run(configs, args.budget_s)
     jp, mp = write_outputs(rows, meta, args.out)
     print(f"wrote {jp} and {mp}")
     return 0

@@ -57,3 +57,33 @@ def test_main_without_gpu_is_an_environment_error(capsys):
         pytest.skip("a GPU is present, so the no-CUDA error path of bench.main cannot run here")
     assert bench.main(["--quick"]) == 2
     assert "CUDA" in capsys.readouterr().err
+
+
+def test_ns_and_shard_arguments():
+    assert bench._ns("1024,16384") == [1024, 16384]
+    assert bench._shard("2/5") == (2, 5)
+    with pytest.raises(Exception, match="N must be among 1024, 4096, 16384"):
+        bench._ns("2048")
+    with pytest.raises(Exception, match="comma-separated"):
+        bench._ns("4k")
+    for bad in ("5/5", "-1/3", "1"):
+        with pytest.raises(Exception, match="I/J with 0 <= I < J"):
+            bench._shard(bad)
+
+
+def test_warm_compiles_its_shard_untimed_and_survives_failures(monkeypatch, capsys):
+    cfgs = bench.configurations(False)
+    calls = []
+
+    def fake(cfg, impl, timed=True):
+        calls.append((cfg["N"], cfg["D"], cfg["dtype"], cfg["causal"], impl, timed))
+        if impl == "flex":
+            raise RuntimeError("no compiler here")
+        return []
+
+    monkeypatch.setattr(bench, "_bench_one", fake)
+    bench.warm(cfgs, 1, 5)
+    want = [(c["N"], c["D"], c["dtype"], c["causal"], impl, False)
+            for c in cfgs[1::5] for impl in bench.COMPILED]
+    assert calls == want  # the flex failures did not stop the shard
+    assert capsys.readouterr().err.count("warm flex") == len(cfgs[1::5])
