@@ -227,10 +227,14 @@ def _bench_one(cfg: dict, impl: str, timed: bool = True) -> list[dict]:
     return rows
 
 
-def run(configs: list[dict], budget_s: float, log=print) -> list[dict]:
+def run(configs: list[dict], budget_s: float, log=print, checkpoint=None) -> list[dict]:
+    """Time every (configuration, implementation); ``checkpoint(rows)`` is called after each
+    configuration, so a run killed from outside keeps what it measured."""
     rows: list[dict] = []
     t0 = time.monotonic()
     for cfg in configs:
+        if checkpoint is not None and rows:
+            checkpoint(rows)
         for impl in PEERS:
             if time.monotonic() - t0 > budget_s:
                 rows += na_rows(cfg, impl, "skipped (time budget)")
@@ -346,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
                                           args.quick, args.ns), 1)
         print(f"prewarm: {meta['prewarm_s']} s in {args.prewarm} processes", flush=True)
     with kernels.tuning("autotune"):
-        rows = run(configs, args.budget_s)
+        rows = run(configs, args.budget_s,
+                   checkpoint=lambda rows: write_outputs(rows, meta, args.out))
     jp, mp = write_outputs(rows, meta, args.out)
     print(f"wrote {jp} and {mp}")
     return 0

@@ -1,48 +1,83 @@
 #!/usr/bin/env bash
-# Device sessions on a CUDA machine. Results land in $OUT/gpu.tgz (+ the Triton cache in
-# $OUT/tcache.tgz, which a later call can carry back as .tcache.tgz to skip recompiling).
-#   bash scripts/gpu/session.sh call1   benchmark alone on the GPU, then determinism, long
-#                                       sequence, sanitizer and the kernel/oracle GPU tests
-#   bash scripts/gpu/session.sh call2   per-kernel reports and the GPU test suite
+# Device sessions on a CUDA machine (one call each, <= 10 minutes). Results land in
+# $OUT/gpu.tgz. Logs are written as the work goes, so a call cut short still returns them.
+#   bash scripts/gpu/session.sh bench     the benchmark matrix alone on the GPU (compiled in
+#                                         parallel first, --prewarm), then ncu on one
+#                                         forward+backward of ours and of cuDNN
+#   bash scripts/gpu/session.sh verify    per-kernel reports of the GPU sweep (--jobs), with
+#                                         the harness throughput measured on a warm cache
+#   bash scripts/gpu/session.sh suite     the whole test suite on CUDA (tox -e gpu's command)
+#   bash scripts/gpu/session.sh checks    determinism, long sequence, sanitizer (memcheck and
+#                                         racecheck) and the kernel/oracle GPU tests
 set -uo pipefail
 PHASE=${1:?phase}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TRITON_CACHE_DIR=$PWD/.tcache
+# Many compiling processes at once: one Inductor compile worker each, not one per core.
+export TORCHINDUCTOR_COMPILE_THREADS=1
 R=$PWD/gpu_out; mkdir -p "$R" "$TRITON_CACHE_DIR"
-[ -f .tcache.tgz ] && tar xzf .tcache.tgz -C "$TRITON_CACHE_DIR" 2>/dev/null
 T0=$(date +%s)
 el() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-job() { local name=$1 t=$2; shift 2; ( timeout -s INT "$t" "$@" > "$R/$name.log" 2>&1; echo "exit=$?" >> "$R/$name.log" ) & }
+job() { local name=$1 t=$2; shift 2; ( timeout -s TERM "$t" "$@" > "$R/$name.log" 2>&1; echo "exit=$?" >> "$R/$name.log" ) & }
+pack() { tar czf "$OUT/gpu.tgz" -C "$R" . 2>/dev/null; }
+trap pack EXIT
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch,triton,sys;print('torch',torch.__version__,'triton',triton.__version__,'cuda',torch.version.cuda,'python',sys.version.split()[0])"
+  nproc
 } > "$R/env-$PHASE.txt" 2>&1; cat "$R/env-$PHASE.txt"
 
-if [ "$PHASE" = call1 ]; then
-  el bench; timeout -s INT 230 python3 -m kernels.bench --quick --budget-s 170 --out "$R/bench" > "$R/bench.log" 2>&1; el "bench exit=$?"
+NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SchedulerStats"
+KERNELS="triton triton-fa1 sdpa-flash sdpa-efficient sdpa-cudnn sdpa-math flex"
+
+if [ "$PHASE" = bench ]; then
+  el bench
+  timeout -s TERM "${BENCH_S:-560}" python3 -m kernels.bench --prewarm "${PREWARM:-14}" \
+    --prewarm-timeout-s "${PREWARM_S:-200}" --budget-s "${BUDGET_S:-330}" --out "$R/bench" \
+    ${BENCH_ARGS:-} > "$R/bench.log" 2>&1
+  el "bench exit=$?"
+fi
+if [ "$PHASE" = ncu ] || [ "$PHASE" = verify ]; then
+  for impl in triton cudnn; do
+    el "ncu $impl"
+    timeout -s TERM 100 ncu --clock-control none --profile-from-start off $NCU_SECTIONS \
+      python3 scripts/gpu/profile_one.py --impl $impl > "$R/ncu-$impl.log" 2>&1
+    el "ncu $impl exit=$?"
+  done
+fi
+if [ "$PHASE" = verify ]; then
+  V=${VERIFY_S:-420}; J=${JOBS:-14}
+  el "run triton"
+  timeout -s TERM $((V/3)) python3 -m verify run --kernel triton --device cuda --profile gpu \
+    --jobs "$J" --out "$R/reports/triton" --budget-s $((V/3-20)) -q > "$R/run-triton.log" 2>&1
+  el "run triton exit=$?"
+  el throughput
+  timeout -s TERM 60 python3 scripts/gpu/throughput.py --kernel triton --device cuda \
+    --profile gpu --max-n 512 --copies 2 --cprofile 25 --out "$R/throughput.json" \
+    > "$R/throughput.log" 2>&1
+  el "throughput exit=$?"
+  # The rest side by side: the SDPA backends need no compiling, flex and fa1 share the cores.
+  for k in sdpa-flash sdpa-efficient sdpa-cudnn sdpa-math; do
+    job "run-$k" $((V/2)) python3 -m verify run --kernel $k --device cuda --profile gpu \
+      --jobs 1 --out "$R/reports/$k" --budget-s $((V/2-20)) -q
+  done
+  job run-triton-fa1 $((V/2)) python3 -m verify run --kernel triton-fa1 --device cuda \
+    --profile gpu --jobs 4 --out "$R/reports/triton-fa1" --budget-s $((V/2-20)) -q
+  job run-flex $((V/2)) python3 -m verify run --kernel flex --device cuda --profile gpu \
+    --jobs 8 --out "$R/reports/flex" --budget-s $((V/2-20)) -q
+  wait
+fi
+if [ "$PHASE" = suite ]; then
+  el suite
+  timeout -s TERM "${SUITE_S:-500}" python3 -m pytest -n "${JOBS:-12}" --hypothesis-profile=gpu \
+    -q -p no:cacheprovider tests > "$R/suite.log" 2>&1
+  el "suite exit=$?"
+fi
+if [ "$PHASE" = checks ]; then
   job det 250 python3 scripts/gpu/determinism.py --out "$R/determinism.json"
   job longseq 250 python3 scripts/gpu/long_seq.py --out "$R/long_seq.json"
-  job gputests 250 python3 -m pytest -n 4 --hypothesis-profile=gpu -q -p no:cacheprovider tests/test_kernel.py tests/test_reference_exact.py tests/test_input_hashes.py tests/test_long_seq.py
   job memcheck 250 compute-sanitizer --tool memcheck --print-limit 20 python3 scripts/gpu/sanitize_cases.py
   job racecheck 250 compute-sanitizer --tool racecheck --print-limit 20 python3 scripts/gpu/sanitize_cases.py --ns 17,129,1000 --ds 40,128
   wait
 fi
-if [ "$PHASE" = reports ]; then
-  V=${VERIFY_S:-400}
-  for k in triton triton-fa1 sdpa-flash sdpa-efficient sdpa-cudnn sdpa-math flex; do
-    job "run-$k" "$V" python3 -m verify run --kernel $k --device cuda --profile gpu --out "$R/reports/$k" --budget-s $((V-60)) -q
-  done
-  wait
-fi
-if [ "$PHASE" = call2 ]; then
-  V=${VERIFY_S:-300}
-  el bench; timeout -s INT 150 python3 -m kernels.bench --quick --budget-s 110 --out "$R/bench" > "$R/bench.log" 2>&1; el "bench exit=$?"
-  el throughput; timeout -s INT 100 python3 scripts/gpu/throughput.py --kernel triton --device cuda --copies 4 --out "$R/throughput.json" > "$R/throughput.log" 2>&1; el "throughput exit=$?"
-  for k in triton triton-fa1 sdpa-flash sdpa-efficient sdpa-cudnn sdpa-math flex; do
-    job "run-$k" "$V" python3 -m verify run --kernel $k --device cuda --profile gpu --out "$R/reports/$k" --budget-s $((V-45)) -q
-  done
-  job gputests "$V" python3 -m pytest -n 4 --hypothesis-profile=gpu -q -p no:cacheprovider tests
-  wait
-fi
-for f in "$R"/*.log; do echo "== $(basename "$f")"; tail -8 "$f"; done
-tar czf "$OUT/gpu.tgz" -C "$R" . 2>/dev/null
-ls -la "$OUT"; el done
+for f in "$R"/*.log; do echo "== $(basename "$f")"; tail -6 "$f"; done
+el done

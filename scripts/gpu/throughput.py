@@ -1,19 +1,30 @@
 """Harness throughput: checked cases per second on small mixed cases (forward + backward +
-float64 oracle + emulated baseline), and where the time goes.
+float64 oracle + emulated baseline + bounds), and where the time goes.
 
-The cases are the CPU sweep's (every feature, distribution and layout, N <= 130) re-seeded
-``--copies`` times, so the inputs differ but the compiled kernel variants repeat. One warm-up
-pass compiles every variant; the timed pass then measures the harness, not the compiler.
+The cases are a sweep profile's small cases (``--profile gpu --max-n 512``: every theme,
+dtype, distribution and layout of the GPU profile at N <= 512; ``--profile cpu``: the CPU
+sweep) re-seeded ``--copies`` times, so the inputs differ but the compiled kernel variants
+repeat. One warm-up pass compiles every variant (or loads it from Triton's on-disk cache);
+the timed pass then measures the harness, not the compiler.
 
-    python scripts/gpu/throughput.py --kernel triton --device cuda --out throughput.json
+- ``--jobs 1``: one process; the stage breakdown comes from each verdict's timings and,
+  with ``--cprofile N``, the N functions with the most own time.
+- ``--jobs J``: ``verify.sweep.run_cases(jobs=J)``, the path of ``flashcheck run --jobs J``;
+  its wall time includes starting the J workers (import, CUDA context), stated separately
+  as ``startup_s`` from a run of one case per worker.
+
+    python scripts/gpu/throughput.py --kernel triton --device cuda --profile gpu --max-n 512
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import cProfile
 import dataclasses
+import io
 import json
+import pstats
 import sys
 import time
 
@@ -22,47 +33,94 @@ import torch
 from verify.adapters import resolve_kernel
 from verify.check import check_case
 from verify.strategies import fixed_sweep
+from verify.sweep import run_cases
+
+
+def small_cases(profile: str, max_n: int, copies: int) -> tuple[list, list]:
+    base = [c for c in fixed_sweep(profile) if max(c.Nq, c.Nk) <= max_n]
+    cases = [dataclasses.replace(c, seed=c.seed + 7919 * i) for i in range(copies)
+             for c in base]
+    return base, cases
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kernel", default="triton")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--copies", type=int, default=5)
+    ap.add_argument("--profile", choices=("cpu", "gpu"), default="gpu")
+    ap.add_argument("--max-n", type=int, default=512)
+    ap.add_argument("--copies", type=int, default=3)
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--cprofile", type=int, default=0, metavar="N")
     ap.add_argument("--out", default="throughput.json")
     args = ap.parse_args(argv)
-    kernel = resolve_kernel(args.kernel, args.device)
-    base = fixed_sweep("cpu")
-    cases = [dataclasses.replace(c, seed=c.seed + 7919 * i) for i in range(args.copies)
-             for c in base]
-    t0 = time.perf_counter()
-    for c in base:  # warm-up: compile every variant once
-        check_case(kernel, c, args.device)
-    warm = time.perf_counter() - t0
+    if args.device == "cpu":
+        import os
+        os.environ["TRITON_INTERPRET"] = "1"
+    base, cases = small_cases(args.profile, args.max_n, args.copies)
     stages: dict[str, float] = collections.Counter()
     status: dict[str, int] = collections.Counter()
-    if args.device == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for c in cases:
-        v = check_case(kernel, c, args.device)
-        status[v.status] += 1
-        for k, s in v.timings.items():
-            stages[k] += s
-    wall = time.perf_counter() - t0
+    res = {"kernel": args.kernel, "device": args.device, "profile": args.profile,
+           "max_n": args.max_n, "jobs": args.jobs,
+           "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+           "torch": torch.__version__, "cases": len(cases)}
+    top = ""
+    if args.jobs == 1:
+        kernel = resolve_kernel(args.kernel, args.device)
+        t0 = time.perf_counter()
+        for c in base:  # warm-up: compile (or load) every variant once
+            check_case(kernel, c, args.device)
+        res["warmup_s"] = round(time.perf_counter() - t0, 1)
+        prof = cProfile.Profile() if args.cprofile else None
+        _sync(args.device)
+        t0 = time.perf_counter()
+        if prof:
+            prof.enable()
+        for c in cases:
+            v = check_case(kernel, c, args.device)
+            status[v.status] += 1
+            for k, s in v.timings.items():
+                stages[k] += s
+        _sync(args.device)
+        wall = time.perf_counter() - t0
+        if prof:
+            prof.disable()
+            buf = io.StringIO()
+            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(args.cprofile)
+            top = buf.getvalue()
+    else:
+        kw = dict(kernel_spec=args.kernel, failures_dir=None, quiet=True, jobs=args.jobs)
+        t0 = time.perf_counter()
+        run_cases(None, base, args.device, **kw)  # warm-up: every variant into the disk cache
+        res["warmup_s"] = round(time.perf_counter() - t0, 1)
+        t0 = time.perf_counter()
+        run_cases(None, base[:args.jobs], args.device, **kw)  # start-up plus one case each
+        res["startup_s"] = round(time.perf_counter() - t0, 2)
+        t0 = time.perf_counter()
+        recs = run_cases(None, cases, args.device, **kw)
+        wall = time.perf_counter() - t0
+        for r in recs:
+            status[r["status"]] += 1
+            for k, s in (r.get("timings") or {}).items():
+                stages[k] += s or 0.0
     checked = status["pass"] + status["fail"]
-    res = {
-        "kernel": args.kernel, "device": args.device,
-        "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-        "torch": torch.__version__, "cases": len(cases), "status": dict(status),
-        "wall_s": round(wall, 3), "cases_per_s": round(len(cases) / wall, 2),
-        "checked_cases_per_s": round(checked / wall, 2), "warmup_s": round(warm, 1),
+    res.update({
+        "status": dict(status), "wall_s": round(wall, 3),
+        "cases_per_s": round(len(cases) / wall, 2),
+        "checked_cases_per_s": round(checked / wall, 2),
         "seconds_by_stage": {k: round(s, 3) for k, s in sorted(stages.items(),
                                                                 key=lambda kv: -kv[1])},
-    }
+    })
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
     print(json.dumps(res, indent=1))
+    if top:
+        print(top)
     return 0
 
 
