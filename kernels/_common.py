@@ -259,6 +259,10 @@ AUTOTUNE_GRID = {
 }
 # 4 configs x 3 kernels x (causal, not) = 24 compiles for the bench's --quick subset.
 MAX_AUTOTUNE = 4
+# Autotune results are kept in Triton's on-disk cache, so a process reuses the choice of an
+# earlier one. FLASHCHECK_AUTOTUNE_CACHE=0 turns that off: the benchmark's prewarm processes
+# tune on a shared, busy GPU, and their choices must not be reused by the timed run.
+AUTOTUNE_CACHE = os.environ.get("FLASHCHECK_AUTOTUNE_CACHE", "1") != "0"
 # Last resort when neither the table nor the grid fits a device's shared memory.
 FALLBACK = ((32, 32, 4, 1), (32, 16, 4, 1), (16, 16, 4, 1))
 # Single configuration under the interpreter: 16x16 tiles make the tail-tile and

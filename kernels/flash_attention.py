@@ -238,7 +238,7 @@ def _tuned(fixed, kind: str, outer: str, inner: str, **extra):
     return triton.autotune(configs=make_configs(kind, outer, inner), key=key,
                            prune_configs_by={"early_config_prune":
                                              make_pruner(kind, outer, inner, "Q")},
-                           cache_results=True, **extra)(fixed)
+                           cache_results=_common.AUTOTUNE_CACHE, **extra)(fixed)
 
 
 @_no_spec

@@ -87,3 +87,21 @@ def test_warm_compiles_its_shard_untimed_and_survives_failures(monkeypatch, caps
             for c in cfgs[1::5] for impl in bench.COMPILED]
     assert calls == want  # the flex failures did not stop the shard
     assert capsys.readouterr().err.count("warm flex") == len(cfgs[1::5])
+
+
+def test_prewarm_shards_do_not_cache_autotune_choices(monkeypatch):
+    seen = []
+
+    class FakeProc:
+        def __init__(self, cmd, env):
+            seen.append((cmd, env))
+
+        def wait(self, timeout=None):
+            return 0
+
+    monkeypatch.setattr(bench.subprocess, "Popen", FakeProc)
+    bench.prewarm(bench.configurations(False), 3, 10.0, quick=False, ns=[4096])
+    assert [c[-1] for c, _ in seen] == ["0/3", "1/3", "2/3"]
+    assert all(c[c.index("--ns") + 1] == "4096" for c, _ in seen)
+    # tuned on a busy GPU: the choices must not reach the timed run through the disk cache
+    assert all(env["FLASHCHECK_AUTOTUNE_CACHE"] == "0" for _, env in seen)
