@@ -2,11 +2,13 @@
 # Device sessions on a CUDA machine (one call each, <= 10 minutes). Results land in
 # $OUT/gpu.tgz. Logs are written as the work goes, so a call cut short still returns them.
 #   bash scripts/gpu/session.sh bench     the benchmark matrix alone on the GPU (compiled in
-#                                         parallel first, --prewarm), then ncu on one
-#                                         forward+backward of ours and of cuDNN
+#                                         parallel first, --prewarm)
 #   bash scripts/gpu/session.sh verify    per-kernel reports of the GPU sweep (--jobs), with
 #                                         the harness throughput measured on a warm cache
-#   bash scripts/gpu/session.sh suite     the whole test suite on CUDA (tox -e gpu's command)
+#   bash scripts/gpu/session.sh ncu       ncu on one forward+backward of ours and of cuDNN
+#   bash scripts/gpu/session.sh suite     the benchmark again, the harness throughput without
+#                                         a compiler (sdpa-math), then the whole test suite on
+#                                         CUDA (tox -e gpu's command)
 #   bash scripts/gpu/session.sh checks    determinism, long sequence, sanitizer (memcheck and
 #                                         racecheck) and the kernel/oracle GPU tests
 set -uo pipefail
@@ -36,7 +38,7 @@ if [ "$PHASE" = bench ]; then
     ${BENCH_ARGS:-} > "$R/bench.log" 2>&1
   el "bench exit=$?"
 fi
-if [ "$PHASE" = ncu ] || [ "$PHASE" = verify ]; then
+if [ "$PHASE" = ncu ]; then
   for impl in triton cudnn; do
     el "ncu $impl"
     timeout -s TERM 100 ncu --clock-control none --profile-from-start off $NCU_SECTIONS \
@@ -45,28 +47,31 @@ if [ "$PHASE" = ncu ] || [ "$PHASE" = verify ]; then
   done
 fi
 if [ "$PHASE" = verify ]; then
-  V=${VERIFY_S:-420}; J=${JOBS:-14}
-  el "run triton"
-  timeout -s TERM $((V/3)) python3 -m verify run --kernel triton --device cuda --profile gpu \
-    --jobs "$J" --out "$R/reports/triton" --budget-s $((V/3-20)) -q > "$R/run-triton.log" 2>&1
-  el "run triton exit=$?"
-  el throughput
+  # 16 cores: ours and flex compile side by side first (8 workers each); the throughput is
+  # measured on ours' warm cache; then fa1 and the SDPA backends take ours' cores.
+  export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+  rep() { local k=$1 j=$2 t=$3; timeout -s TERM "$t" python3 -m verify run --kernel "$k" \
+    --device cuda --profile gpu --jobs "$j" --out "$R/reports/$k" --budget-s $((t-25)) -q \
+    > "$R/run-$k.log" 2>&1; echo "exit=$?" >> "$R/run-$k.log"; }
+  rep flex 8 "${FLEX_S:-520}" &
+  el "run triton"; rep triton 8 "${TRITON_S:-230}"; el "run triton done"
   timeout -s TERM 60 python3 scripts/gpu/throughput.py --kernel triton --device cuda \
     --profile gpu --max-n 512 --copies 2 --cprofile 25 --out "$R/throughput.json" \
     > "$R/throughput.log" 2>&1
   el "throughput exit=$?"
-  # The rest side by side: the SDPA backends need no compiling, flex and fa1 share the cores.
-  for k in sdpa-flash sdpa-efficient sdpa-cudnn sdpa-math; do
-    job "run-$k" $((V/2)) python3 -m verify run --kernel $k --device cuda --profile gpu \
-      --jobs 1 --out "$R/reports/$k" --budget-s $((V/2-20)) -q
-  done
-  job run-triton-fa1 $((V/2)) python3 -m verify run --kernel triton-fa1 --device cuda \
-    --profile gpu --jobs 4 --out "$R/reports/triton-fa1" --budget-s $((V/2-20)) -q
-  job run-flex $((V/2)) python3 -m verify run --kernel flex --device cuda --profile gpu \
-    --jobs 8 --out "$R/reports/flex" --budget-s $((V/2-20)) -q
+  R2=${REST_S:-230}
+  rep triton-fa1 4 "$R2" &
+  for k in sdpa-flash sdpa-efficient sdpa-cudnn sdpa-math; do rep $k 1 "$R2" & done
   wait
 fi
 if [ "$PHASE" = suite ]; then
+  el "bench (alone on the GPU)"
+  timeout -s TERM 240 python3 -m kernels.bench --prewarm 14 --prewarm-timeout-s 120 \
+    --budget-s 150 --out "$R/bench" > "$R/bench.log" 2>&1
+  el "bench exit=$?"
+  timeout -s TERM 40 python3 scripts/gpu/throughput.py --kernel sdpa-math --device cuda \
+    --profile gpu --max-n 512 --copies 2 --cprofile 25 --out "$R/throughput-sdpa-math.json" \
+    > "$R/throughput-sdpa-math.log" 2>&1
   el suite
   timeout -s TERM "${SUITE_S:-500}" python3 -m pytest -n "${JOBS:-12}" --hypothesis-profile=gpu \
     -q -p no:cacheprovider tests > "$R/suite.log" 2>&1
