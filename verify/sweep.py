@@ -167,12 +167,18 @@ def _run_serial(kernel: Any, cases: list[Any], device: str, *, kernel_spec: str,
 _WORKER: dict[str, Any] = {}
 
 
-def _worker_init(kernel_spec: str, device: str) -> None:
+def _worker_init(kernel_spec: str, device: str, threads: int) -> None:
     import signal
+
+    import torch
 
     from verify.adapters import resolve_kernel
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt does
+    # The cores are shared out: J workers with a full-width OpenMP pool each would
+    # oversubscribe the machine, and spinning OpenMP threads then slow every CPU-side step
+    # (drawing inputs, metrics) by orders of magnitude.
+    torch.set_num_threads(threads)
     _WORKER["kernel"] = resolve_kernel(kernel_spec, device)
 
 
@@ -204,11 +210,16 @@ def _run_parallel(cases: list[Any], device: str, *, kernel_spec: str,
 
     from verify.check import Verdict
 
+    import os
+
+    import torch
+
     deadline = None if budget_s is None else time.time() + budget_s
+    threads = max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) // jobs))
     fdir = None if failures_dir is None else str(failures_dir)
     results: dict[int, dict[str, Any]] = {}
     pool = cf.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context(
-        "spawn"), initializer=_worker_init, initargs=(kernel_spec, device))
+        "spawn"), initializer=_worker_init, initargs=(kernel_spec, device, threads))
     futures = {pool.submit(_worker_check, case, device, kernel_spec, fdir, deadline,
                            budget_s): i for i, case in enumerate(cases)}
     stop_reason = "interrupted before this case ran"

@@ -49,18 +49,20 @@ fi
 if [ "$PHASE" = verify ]; then
   # 16 cores: ours and flex compile side by side first (8 workers each); the throughput is
   # measured on ours' warm cache; then fa1 and the SDPA backends take ours' cores.
-  export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+  # Many processes share 16 cores: one OpenMP thread each (a full-width pool per process
+  # oversubscribes the machine and stalls every CPU-side step).
+  export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True OMP_NUM_THREADS=1
   rep() { local k=$1 j=$2 t=$3; timeout -s TERM "$t" python3 -m verify run --kernel "$k" \
     --device cuda --profile gpu --jobs "$j" --out "$R/reports/$k" --budget-s $((t-25)) -q \
     > "$R/run-$k.log" 2>&1; echo "exit=$?" >> "$R/run-$k.log"; }
-  rep flex 8 "${FLEX_S:-520}" &
-  el "run triton"; rep triton 8 "${TRITON_S:-230}"; el "run triton done"
-  timeout -s TERM 60 python3 scripts/gpu/throughput.py --kernel triton --device cuda \
+  rep flex 7 "${FLEX_S:-520}" &
+  el "run triton"; rep triton 8 "${TRITON_S:-210}"; el "run triton done"
+  timeout -s TERM 75 python3 scripts/gpu/throughput.py --kernel triton --device cuda \
     --profile gpu --max-n 512 --copies 2 --cprofile 25 --out "$R/throughput.json" \
     > "$R/throughput.log" 2>&1
   el "throughput exit=$?"
-  R2=${REST_S:-230}
-  rep triton-fa1 4 "$R2" &
+  R2=${REST_S:-220}
+  rep triton-fa1 5 "$R2" &
   for k in sdpa-flash sdpa-efficient sdpa-cudnn sdpa-math; do rep $k 1 "$R2" & done
   wait
 fi
