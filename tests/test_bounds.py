@@ -49,9 +49,11 @@ CASES = [
     Case(B=1, Hq=2, Hkv=2, Nq=64, Nk=64, D=64, dtype="bfloat16", seed=12),
     Case(B=2, Hq=2, Hkv=2, Nq=40, Nk=96, D=16, dtype="float16",
          dist={"kind": "outliers"}, seed=13),
-    Case(B=1, Hq=4, Hkv=2, Nq=33, Nk=70, D=40, dtype="float32", is_causal=True,
-         causal_alignment="bottom_right", seed=14),
 ]
+# fp32 inputs: the order-dependent score rounding dominates (ORDER_SHARE_MAX), so the RMSE
+# rule is off and only the elementwise rule (K_RULE = 3 x the baseline's max) guards them.
+FP32_CASE = Case(B=1, Hq=4, Hkv=2, Nq=33, Nk=70, D=40, dtype="float32", is_causal=True,
+                 causal_alignment="bottom_right", seed=14)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.short())
@@ -63,6 +65,26 @@ def test_three_times_worse_is_flagged_on_every_tensor(case):
     assert not few, f"case outside the 3x guarantee (n_eff < {N_EFF_MIN}): {few}"
     missed = [n for n in ("out", *GRADS) if verdict.tensors[n].passed]
     assert not missed, f"3x error not flagged on {missed}: {verdict.summary()}"
+
+
+def test_fp32_is_outside_the_rmse_rule_and_guarded_elementwise():
+    good = check_case(blocked_attention, FP32_CASE, "cpu")
+    assert good.passed, good.summary()
+    assert all(math.isinf(t.rmse_tol) for n, t in good.tensors.items() if n != "lse")
+    # 3x the baseline's error is not caught in fp32; 10x is, by the elementwise rule.
+    bad = check_case(amplified(blocked_attention, 10.0), FP32_CASE, "cpu")
+    assert bad.status == "fail" and bad.failure == "numerical", bad.summary()
+    assert all(not bad.tensors[n].passed for n in ("out", *GRADS)), bad.summary()
+
+
+def test_order_share_measures_score_rounding_against_u():
+    from verify.bounds import order_share
+
+    p = torch.tensor([[0.5, 0.5, 0.0]])
+    es = torch.tensor([[1e-7, 3e-7, 5.0]])  # the last key has P = 0: it does not count
+    want = math.sqrt(0.5 * 1e-14 + 0.5 * 9e-14) / 2**-11
+    assert order_share(p, es, 2**-11) == pytest.approx(want)
+    assert order_share(torch.zeros(1, 3), es, 2**-11) == 0.0
 
 
 _OUTLIER_BIAS_FP32 = {  # the max-abs false alarm of the self-test (dk at 2.7x the baseline)

@@ -433,7 +433,7 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
                 n_eff[n] = effective_samples(base_err_t[n], model[n].n_sources)
             rms_tols[n] = rms_tolerance(n, model[n].floor_acc.to("cpu", copy=True),
                                         None if base is None else base[1], apr[n],
-                                        n_eff.get(n, math.inf))
+                                        n_eff.get(n, math.inf), model[n].order_share)
     _poison(*ref_dev.values(), *scratch, *(x for b in model.values()
                                            for x in (b.floor, b.apriori, b.floor_acc)))
     del ref_dev, scratch, model
