@@ -87,7 +87,8 @@ U_ACC = UNIT_ROUNDOFF["float32"]  # fp32 accumulation (DESIGN §5)
 # ~ sqrt(log2 D): sqrt(64) / sqrt(7) = 3.0 at D = 128). With that part at share s of the
 # rest, a correct kernel reaches sqrt((1 + R_ord^2 s^2) / (1 + s^2)) of the baseline; that
 # stays within K_RMS / R_sys = 1.37 (N_EFF_MIN's derivation) for s <= 1/3. Above it (fp32
-# inputs, and large logits in fp16/bf16) the RMSE rule is not applied.
+# inputs with more than one key per row, and large logits in fp16/bf16) the RMSE rule is
+# not applied.
 ORDER_SHARE_MAX = 1.0 / 3.0
 
 # Gradual underflow: rounding x to a dtype errs by <= max(u |x|, eta / 2), where eta is the
@@ -197,7 +198,14 @@ def error_model(
     u_dot = U_ACC + 2 * u_op
     es = FLOOR_C * u_dot * d**0.5 * scale * torch.sqrt((q * q) @ (k * k).transpose(-1, -2))
     es = torch.where(ok, es, torch.zeros_like(es))
-    share = order_share(p, es / FLOOR_C, u)
+    # fp32 accumulation over a row's n allowed keys is order-dependent too: typical
+    # u_acc sqrt((n - 1) / 2) relative (one rounding per addition, random walk), which
+    # matters against u only for fp32 inputs.
+    n_live = ok.sum(-1).to(f64)
+    n_live = n_live[n_live > 0]
+    acc = U_ACC * float(torch.sqrt(torch.clamp(n_live - 1, min=0) / 2).mean()) / u if (
+        n_live.numel()) else 0.0
+    share = math.hypot(order_share(p, es / FLOOR_C, u), acc)
     dp_s = p * torch.sqrt(es * es + ((p * es) ** 2).sum(-1, keepdim=True))
     pv = p @ av
     bounds: dict[str, TensorBound] = {}

@@ -205,14 +205,13 @@ def _run_parallel(cases: list[Any], device: str, *, kernel_spec: str,
     """
     import concurrent.futures as cf
     import multiprocessing
+    import os
     import time
     from concurrent.futures.process import BrokenProcessPool
 
-    from verify.check import Verdict
-
-    import os
-
     import torch
+
+    from verify.check import Verdict
 
     deadline = None if budget_s is None else time.time() + budget_s
     threads = max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) // jobs))

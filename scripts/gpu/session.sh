@@ -6,9 +6,9 @@
 #   bash scripts/gpu/session.sh verify    per-kernel reports of the GPU sweep (--jobs), with
 #                                         the harness throughput measured on a warm cache
 #   bash scripts/gpu/session.sh ncu       ncu on one forward+backward of ours and of cuDNN
-#   bash scripts/gpu/session.sh suite     the benchmark again, the harness throughput without
-#                                         a compiler (sdpa-math), then the whole test suite on
-#                                         CUDA (tox -e gpu's command)
+#   bash scripts/gpu/session.sh suite     the harness throughput without a compiler
+#                                         (sdpa-math; 1 and 8 processes), then the whole test
+#                                         suite on CUDA (tox -e gpu's command)
 #   bash scripts/gpu/session.sh checks    determinism, long sequence, sanitizer (memcheck and
 #                                         racecheck) and the kernel/oracle GPU tests
 set -uo pipefail
@@ -67,15 +67,17 @@ if [ "$PHASE" = verify ]; then
   wait
 fi
 if [ "$PHASE" = suite ]; then
-  el "bench (alone on the GPU)"
-  timeout -s TERM 240 python3 -m kernels.bench --prewarm 14 --prewarm-timeout-s 120 \
-    --budget-s 150 --out "$R/bench" > "$R/bench.log" 2>&1
-  el "bench exit=$?"
-  timeout -s TERM 40 python3 scripts/gpu/throughput.py --kernel sdpa-math --device cuda \
-    --profile gpu --max-n 512 --copies 2 --cprofile 25 --out "$R/throughput-sdpa-math.json" \
-    > "$R/throughput-sdpa-math.log" 2>&1
+  export OMP_NUM_THREADS=1
+  for j in 1 8; do
+    el "throughput jobs=$j"
+    timeout -s TERM 90 python3 scripts/gpu/throughput.py --kernel sdpa-math --device cuda \
+      --profile gpu --max-n 512 --copies 3 --warmup 16 --budget-s 40 --jobs $j \
+      --cprofile $((j == 1 ? 25 : 0)) --out "$R/throughput-sdpa-math-j$j.json" \
+      > "$R/throughput-sdpa-math-j$j.log" 2>&1
+    el "throughput exit=$?"
+  done
   el suite
-  timeout -s TERM "${SUITE_S:-500}" python3 -m pytest -n "${JOBS:-12}" --hypothesis-profile=gpu \
+  timeout -s TERM "${SUITE_S:-240}" python3 -m pytest -n "${JOBS:-12}" --hypothesis-profile=gpu \
     -q -p no:cacheprovider tests > "$R/suite.log" 2>&1
   el "suite exit=$?"
 fi
