@@ -5,10 +5,10 @@
 1. ``kernel.supports(case)``; outside the domain -> ``not_run`` with the reason.
 2. Fresh inputs (``case.materialize(device)``, or the captured tensors given).
 3. The float64 reference on the device (out, lse; dq, dk, dv by autograd with dO), copied
-   to the CPU.
+   (on the device).
 4. The per-case baseline: ``reference.online_attention(precision="emulate", order="fa2")``
    on the same inputs; its max abs error per tensor sets the rule (verify/bounds.py).
-5. Floors and a-priori bounds (verify/bounds.py), copied to the CPU.
+5. Floors and a-priori bounds (verify/bounds.py), copied (on the device).
 6. Poison: every device buffer of steps 3-5 is filled with NaN before it is freed, so a
    kernel returning ``torch.empty`` that lands on the reference's or baseline's memory
    reads NaN, not a correct answer.
@@ -326,7 +326,7 @@ def _baseline(inputs: Inputs, ref: dict, backward: bool) -> tuple[dict, dict, li
     for n, t in got.items():
         e = abs_error(t, ref[n])
         errs[n] = (float(e.max()), float(torch.sqrt((e * e).mean()))) if e.numel() else (0, 0)
-        err_t[n] = e.to("cpu")
+        err_t[n] = e  # stays on the device: effective_samples sorts it there
     return errs, err_t, [*got.values(), *leaves]
 
 
@@ -422,16 +422,18 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
         model = error_model(inp.query, inp.key, inp.value, inp.grad_out if backward else None,
                             allowed=allowed, bias=bias, scale=float(inp.effective_scale),
                             dtype=case.dtype, tf32=case.tf32)
-        ref = {n: t.to("cpu", torch.float64, copy=True) for n, t in ref_dev.items()}
+        # Copies stay on the device (metrics there are the bulk of a small case's time on
+        # a GPU); the originals are poisoned below.
+        ref = {n: t.to(torch.float64, copy=True) for n, t in ref_dev.items()}
         tols, rms_tols, apr, n_eff = {}, {}, {}, {}
         for n in ref:
-            floor = model[n].floor.to("cpu", copy=True)
-            apr[n] = model[n].apriori.to("cpu", copy=True)
+            floor = model[n].floor.clone()
+            apr[n] = model[n].apriori.clone()
             base = base_errs.get(n)
             tols[n] = tolerance(n, floor, None if base is None else base[0], apr[n])
             if n in base_err_t:
                 n_eff[n] = effective_samples(base_err_t[n], model[n].n_sources)
-            rms_tols[n] = rms_tolerance(n, model[n].floor_acc.to("cpu", copy=True),
+            rms_tols[n] = rms_tolerance(n, model[n].floor_acc,
                                         None if base is None else base[1], apr[n],
                                         n_eff.get(n, math.inf), model[n].order_share)
     _poison(*ref_dev.values(), *scratch, *(x for b in model.values()
