@@ -164,3 +164,12 @@ def test_nan_propagation_reaches_exactly_the_affected_rows(target, index):
         assert obs["expected_rows"] == [[0, 1, i] for i in range(5, 16)]
     else:
         assert obs["expected_rows"] == [[0, 0, 7]]
+
+
+def test_result_beyond_the_dtype_range_may_round_to_inf():
+    # dq of this fp16 case exceeds 65504 in places: the correctly rounded answer is +-inf.
+    case = Case(B=2, Hq=2, Hkv=2, Nq=59, Nk=59, D=6, dtype="float16",
+                dist={"kind": "normal", "sigma": 30.0}, grad_dist={"kind": "normal",
+                                                                    "sigma": 100.0}, seed=1)
+    v = check_case("reference", case, "cpu")
+    assert v.status == "pass", v.summary()
