@@ -3,7 +3,8 @@
 :func:`check_case` steps:
 
 1. ``kernel.supports(case)``; outside the domain -> ``not_run`` with the reason.
-2. Fresh inputs (``case.materialize(device)``, or the captured tensors given).
+2. Fresh inputs (``case.materialize(device)`` once, or the captured tensors given); each
+   consumer below gets its own layout-preserving clone.
 3. The float64 reference on the device (out, lse; dq, dk, dv by autograd with dO), copied
    (on the device).
 4. The per-case baseline: ``reference.online_attention(precision="emulate", order="fa2")``
@@ -413,8 +414,11 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
             verdict.not_run_tensors = {n: why for n in GRADS}
     clock = _Clock(device)
 
-    fresh = (lambda: case.materialize(device)) if inputs is None else (
-        lambda: _to_device_inputs(inputs, device).clone())
+    # Drawn once; every consumer (reference, baseline, each kernel run) gets its own
+    # layout-preserving copy, so nothing is shared with the kernel and the inputs are drawn
+    # once instead of three times (drawing is CPU work, a large share of a small case).
+    master = case.materialize(device) if inputs is None else _to_device_inputs(inputs, device)
+    fresh = master.clone
     inp = fresh()
     with clock("reference"):
         ref_dev = _reference(inp, backward)
