@@ -9,6 +9,8 @@
 #   bash scripts/gpu/session.sh suite     the harness throughput without a compiler
 #                                         (sdpa-math; 1 and 8 processes), then the whole test
 #                                         suite on CUDA (tox -e gpu's command)
+#   bash scripts/gpu/session.sh peers     the SDPA backends' reports alone (efficient, cuDNN,
+#                                         math; 5 workers each)
 #   bash scripts/gpu/session.sh checks    determinism, long sequence, sanitizer (memcheck and
 #                                         racecheck) and the kernel/oracle GPU tests
 set -uo pipefail
@@ -77,9 +79,20 @@ if [ "$PHASE" = suite ]; then
     el "throughput exit=$?"
   done
   el suite
+  # -v: one line per test as it finishes, so a run cut by its limit still names its failures.
   timeout -s TERM "${SUITE_S:-240}" python3 -m pytest -n "${JOBS:-12}" --hypothesis-profile=gpu \
-    -q -p no:cacheprovider tests > "$R/suite.log" 2>&1
+    -v -p no:cacheprovider tests > "$R/suite.log" 2>&1
   el "suite exit=$?"
+  grep -E "(FAILED|ERROR)" "$R/suite.log" | head -40
+fi
+if [ "$PHASE" = peers ]; then
+  # The SDPA backends' reports alone (no compiling): 4 workers each, 16 cores.
+  export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True OMP_NUM_THREADS=1
+  for k in sdpa-efficient sdpa-cudnn sdpa-math; do
+    job "run-$k" "${PEERS_S:-400}" python3 -m verify run --kernel $k --device cuda --profile gpu \
+      --jobs 5 --out "$R/reports/$k" --budget-s $((${PEERS_S:-400} - 30)) -q
+  done
+  wait
 fi
 if [ "$PHASE" = checks ]; then
   job det 250 python3 scripts/gpu/determinism.py --out "$R/determinism.json"
