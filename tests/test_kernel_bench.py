@@ -105,3 +105,25 @@ def test_prewarm_shards_do_not_cache_autotune_choices(monkeypatch):
     assert all(c[c.index("--ns") + 1] == "4096" for c, _ in seen)
     # tuned on a busy GPU: the choices must not reach the timed run through the disk cache
     assert all(env["FLASHCHECK_AUTOTUNE_CACHE"] == "0" for _, env in seen)
+
+
+def test_run_checkpoints_after_each_configuration_and_keeps_failures(monkeypatch):
+    cfgs = bench.configurations(True)  # 2 configurations
+    seen = []
+
+    def fake(cfg, impl, timed=True):
+        if impl == "sdpa-cudnn":
+            raise RuntimeError("no kernel\nsecond line")
+        return [dict(cfg, impl=impl, **{"pass": p}, ms=1.0, tflops=1.0, peak_mib=1.0, note="")
+                for p in bench.PASSES]
+
+    monkeypatch.setattr(bench, "_bench_one", fake)
+    monkeypatch.setattr(bench.torch.cuda, "empty_cache", lambda: None)
+    rows = bench.run(cfgs, budget_s=1e9, log=lambda *a: None,
+                     checkpoint=lambda r: seen.append(len(r)))
+    per_cfg = len(bench.PEERS) * len(bench.PASSES)
+    assert len(rows) == 2 * per_cfg
+    assert seen == [per_cfg]  # after the first configuration (the caller writes the last)
+    cudnn = [r for r in rows if r["impl"] == "sdpa-cudnn"]
+    assert all(r["tflops"] is None and r["note"] == "n/a: RuntimeError: no kernel"
+               for r in cudnn)
