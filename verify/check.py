@@ -351,34 +351,42 @@ def _report(name: str, got: torch.Tensor, want: torch.Tensor, tol: torch.Tensor,
     od = getattr(torch, out_dtype) if isinstance(out_dtype, str) else out_dtype
     rounded = want.to(od)
     over = torch.isinf(rounded) & torch.isfinite(want)
-    if bool(over.any()):
-        want = torch.where(over, rounded.to(want.dtype), want)
+    want = torch.where(over, rounded.to(want.dtype), want)
     met = tensor_metrics(got, want, dtype=out_dtype)
     err = abs_error(got.to(want.device), want)
     with torch.no_grad():
         ratio_e = torch.where(err > 0, err / tol, torch.zeros_like(err))
         ratio_a = torch.where(err > 0, err / apriori, torch.zeros_like(err))
-    n_bad = int((ratio_e > 1).sum())
-    flat = int(torch.argmax(ratio_e.flatten())) if err.numel() else 0
-    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), err.shape)) if (
-        err.numel()) else ()
-    ratio = float(ratio_e.max()) if err.numel() else 0.0
+    if err.numel():  # one device-to-host transfer for the scalars (each is a sync on a GPU)
+        flat_t = torch.argmax(ratio_e.flatten())
+        n_bad, flat, ratio, ratio_ap, got_v, want_v, tol_v, apr_max = torch.stack([
+            (ratio_e > 1).sum().to(torch.float64), flat_t.to(torch.float64), ratio_e.max(),
+            ratio_a.max(),
+            got.detach().flatten()[flat_t.to(got.device)].to(err.device, torch.float64),
+            want.flatten()[flat_t],
+            tol.flatten()[flat_t.to(tol.device)].to(err.device, torch.float64),
+            apriori.max().to(err.device, torch.float64),
+        ]).tolist()
+        n_bad, flat = int(n_bad), int(flat)
+        idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), err.shape))
+    else:
+        n_bad, flat, ratio, ratio_ap, got_v, want_v, tol_v, apr_max = 0, 0, 0.0, 0.0, 0.0, \
+            0.0, 0.0, 0.0
+        idx = ()
     ratio_rmse = met.rmse / rmse_tol if rmse_tol > 0 else (math.inf if met.rmse > 0 else 0.0)
     baseline_err, baseline_rmse = baseline if baseline is not None else (math.nan, math.nan)
     note = ""
     if met.n_nonfinite:
         note = f"{met.n_nonfinite} NaN/Inf where the reference differs"
-    g = got.detach().flatten()
     return TensorReport(
         name=name, max_abs=met.max_abs, max_rel=met.max_rel, rmse=met.rmse, bias=met.bias,
         max_ulps=met.max_ulps, worst_index=idx,
-        got=float(g[flat]) if g.numel() else 0.0,
-        want=float(want.flatten()[flat]) if g.numel() else 0.0,
+        got=got_v, want=want_v,
         n_bad=n_bad, numel=met.numel,
-        tol=float(tol.flatten()[flat]) if g.numel() else 0.0,
+        tol=tol_v,
         baseline_err=baseline_err,
-        apriori=float(apriori.max()) if apriori.numel() else 0.0,
-        ratio=max(ratio, ratio_rmse), ratio_apriori=float(ratio_a.max()) if err.numel() else 0.0,
+        apriori=apr_max,
+        ratio=max(ratio, ratio_rmse), ratio_apriori=ratio_ap,
         passed=n_bad == 0 and ratio_rmse <= 1 and met.n_nonfinite == 0, note=note,
         rmse_tol=rmse_tol, baseline_rmse=baseline_rmse, ratio_rmse=ratio_rmse, n_eff=n_eff,
     )

@@ -140,30 +140,39 @@ def tensor_metrics(got: torch.Tensor, want: torch.Tensor, *, dtype: torch.dtype 
     if numel == 0:
         return Metrics(0.0, 0.0, 0.0, 0.0, 0.0, (), 0.0, 0.0, 0, 0)
     err = abs_error(g, w)
+    # Every statistic stays a device tensor until one transfer at the end: on a GPU each
+    # float() is a synchronisation, and there are a dozen per tensor otherwise.
     bad = ~torch.isfinite(err)
-    n_nonfinite = int(bad.sum())
     finite = torch.isfinite(g) & torch.isfinite(w)
-    signed = torch.where(finite, g - w, torch.zeros_like(w))
-    ferr = torch.where(finite, err, torch.zeros_like(err))
-    nfin = max(int(finite.sum()), 1)
-    wf = torch.where(finite, w, torch.zeros_like(w))
-    rms_w = float(torch.sqrt((wf * wf).sum() / nfin))
-    guard = max(REL_GUARD_FRACTION * rms_w, torch.finfo(torch.float64).tiny)
-    rel = ferr / torch.clamp(wf.abs(), min=guard)
-    ulps = ferr / ulp(torch.where(finite, w, torch.zeros_like(w)), dtype)
-    flat = int(torch.argmax(torch.where(bad, torch.full_like(err, math.inf), ferr).flatten()))
-    if n_nonfinite:
-        flat = int(torch.nonzero(bad.flatten())[0])
-    idx = _index(flat, w.shape)
+    zero = torch.zeros_like(w)
+    signed = torch.where(finite, g - w, zero)
+    ferr = torch.where(finite, err, zero)
+    nfin = torch.clamp(finite.sum(), min=1).to(torch.float64)
+    wf = torch.where(finite, w, zero)
+    rms_w = torch.sqrt((wf * wf).sum() / nfin)
+    guard = torch.clamp(REL_GUARD_FRACTION * rms_w, min=torch.finfo(torch.float64).tiny)
+    rel = ferr / torch.maximum(wf.abs(), guard)
+    ulps = ferr / ulp(wf, dtype)
+    n_bad = bad.sum()
+    # the first non-finite mismatch if there is one, else the largest finite error
+    flat_t = torch.where(n_bad > 0, torch.argmax(bad.flatten().to(torch.uint8)),
+                         torch.argmax(ferr.flatten()))
+    stats = torch.stack([
+        n_bad.to(torch.float64), ferr.max(), rel.max(), torch.sqrt((ferr * ferr).sum() / nfin),
+        signed.sum() / nfin, ulps.max(), flat_t.to(torch.float64),
+        g.flatten()[flat_t].to(torch.float64), w.flatten()[flat_t],
+    ]).tolist()
+    n_nonfinite, max_abs, max_rel, rmse, bias, max_ulps, flat, got_v, want_v = stats
+    n_nonfinite, flat = int(n_nonfinite), int(flat)
     return Metrics(
-        max_abs=math.inf if n_nonfinite else float(ferr.max()),
-        max_rel=float(rel.max()),
-        rmse=float(torch.sqrt((ferr * ferr).sum() / nfin)),
-        bias=float(signed.sum() / nfin),
-        max_ulps=float(ulps.max()),
-        worst_index=idx,
-        got=float(g.flatten()[flat]),
-        want=float(w.flatten()[flat]),
+        max_abs=math.inf if n_nonfinite else max_abs,
+        max_rel=max_rel,
+        rmse=rmse,
+        bias=bias,
+        max_ulps=max_ulps,
+        worst_index=_index(flat, w.shape),
+        got=got_v,
+        want=want_v,
         numel=numel,
         n_nonfinite=n_nonfinite,
     )
