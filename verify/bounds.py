@@ -370,17 +370,23 @@ def source_count(scores: torch.Tensor, head_dim: int) -> float:
     redistribute the same roundings over the keys, so one count serves every tensor.
     """
     b, h, nq, nk = scores.shape
-    total = 0.0
-    flat = scores.reshape(b * h, nq, nk)
-    live_rows = torch.isfinite(flat).any(-1)
-    for bh in range(b * h):
-        rows = flat[bh][live_rows[bh]]
-        if rows.shape[0] == 0:
-            continue
-        uniq = torch.unique(rows, dim=0)  # -inf entries compare equal: masks are kept apart
-        keys = torch.isfinite(uniq).sum(-1).to(torch.float64).mean()
-        total += uniq.shape[0] * min(float(head_dim), float(keys))
-    return total
+    if scores.numel() == 0:
+        return 0.0
+    # All (batch, head) blocks in one torch.unique: each row is tagged with its block, so
+    # identical rows merge only within a block (one sort and one sync, not one per block).
+    flat = scores.reshape(b * h * nq, nk)
+    tag = torch.arange(b * h, device=scores.device, dtype=scores.dtype).repeat_interleave(nq)
+    live = torch.isfinite(flat).any(-1)
+    rows = torch.cat([tag[:, None], flat], 1)[live]
+    if rows.shape[0] == 0:
+        return 0.0
+    uniq = torch.unique(rows, dim=0)  # -inf entries compare equal: masks are kept apart
+    block = uniq[:, 0].to(torch.long)
+    count = torch.bincount(block, minlength=b * h).to(torch.float64)
+    keys = torch.bincount(block, weights=torch.isfinite(uniq[:, 1:]).sum(-1).to(torch.float64),
+                          minlength=b * h)
+    mean_keys = keys / torch.clamp(count, min=1)
+    return float((count * torch.clamp(mean_keys, max=float(head_dim))).sum())
 
 
 def effective_samples(baseline_err: torch.Tensor, n_sources: float) -> float:
