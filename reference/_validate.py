@@ -45,6 +45,16 @@ class Problem:
         """Query heads per kv head (1 without GQA)."""
         return self.Hq // self.Hkv
 
+    def expand_kv(self, t: torch.Tensor) -> torch.Tensor:
+        """(B, Hkv, N, D) -> (B, Hq, N, D): each kv head repeated for its query heads."""
+        return t.repeat_interleave(self.group, dim=1) if self.group > 1 else t
+
+    def reduce_kv(self, t: torch.Tensor) -> torch.Tensor:
+        """(B, Hq, Nk, D) gradients -> (B, Hkv, Nk, D): summed over each kv head's group."""
+        if self.group == 1:
+            return t
+        return t.reshape(self.B, self.Hkv, self.group, self.Nk, self.D).sum(dim=2)
+
 
 def _shape(t: torch.Tensor) -> str:
     return "(" + ", ".join(str(s) for s in t.shape) + ")"

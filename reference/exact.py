@@ -139,22 +139,12 @@ def _backward(q, k, v, attn_mask, out, m, l, dout, dlse, p: Problem, want_dmask:
     return dq.mul_(p.scale), dk.mul_(p.scale), dv, dmask
 
 
-def _expand_kv(t: torch.Tensor, p: Problem) -> torch.Tensor:
-    return t.repeat_interleave(p.group, dim=1) if p.group > 1 else t
-
-
-def _reduce_kv(t: torch.Tensor, p: Problem) -> torch.Tensor:
-    if p.group == 1:
-        return t
-    return t.reshape(p.B, p.Hkv, p.group, p.Nk, p.D).sum(dim=2)
-
-
 class _AttentionFp64(torch.autograd.Function):
     """float64 q, k, v (Hkv heads) and the mask in; out and lse out; exact backward."""
 
     @staticmethod
     def forward(ctx, q, k, v, attn_mask, p):
-        ke, ve = _expand_kv(k, p), _expand_kv(v, p)
+        ke, ve = p.expand_kv(k), p.expand_kv(v)
         out, m, l = _forward(q, ke, ve, attn_mask, p)
         ctx.save_for_backward(q, k, v, attn_mask, out, m, l)
         ctx.problem = p
@@ -174,12 +164,12 @@ class _AttentionFp64(torch.autograd.Function):
         if dout is None and dlse is None:
             return None, None, None, None, None
         dq, dk, dv, dmask = _backward(
-            q, _expand_kv(k, p), _expand_kv(v, p), attn_mask, out, m, l, dout, dlse, p,
+            q, p.expand_kv(k), p.expand_kv(v), attn_mask, out, m, l, dout, dlse, p,
             want_dmask,
         )
         if dmask is not None:
             dmask = dmask.reshape(attn_mask.shape).to(attn_mask.dtype)
-        return dq, _reduce_kv(dk, p), _reduce_kv(dv, p), dmask, None
+        return dq, p.reduce_kv(dk), p.reduce_kv(dv), dmask, None
 
 
 def attention_fp64(
@@ -205,6 +195,6 @@ def attention_fp64(
         out, lse = _AttentionFp64.apply(q, k, v, attn_mask, p)
     else:
         with torch.no_grad():
-            out, m, l = _forward(q, _expand_kv(k, p), _expand_kv(v, p), attn_mask, p)
+            out, m, l = _forward(q, p.expand_kv(k), p.expand_kv(v), attn_mask, p)
             lse = _lse(m, l)
     return (out, lse) if return_lse else out

@@ -366,16 +366,6 @@ def emulate_error_bound(
 # ---------------------------------------------------------------- autograd glue
 
 
-def _expand_kv(t: torch.Tensor, p: Problem) -> torch.Tensor:
-    return t.repeat_interleave(p.group, dim=1) if p.group > 1 else t
-
-
-def _reduce_kv(t: torch.Tensor, p: Problem) -> torch.Tensor:
-    if p.group == 1:
-        return t
-    return t.reshape(p.B, p.Hkv, p.group, p.Nk, p.D).sum(dim=2)
-
-
 def _sum_to_shape(g: torch.Tensor, shape) -> torch.Tensor:
     """Sum a (B, Hq, Nq, Nk) gradient down to a broadcastable mask's shape."""
     lead = g.dim() - len(shape)
@@ -389,8 +379,8 @@ class _OnlineAttention(torch.autograd.Function):
     def forward(ctx, query, key, value, attn_mask, p, ar, order, bm, bn):
         with _ieee_fp32_matmul():
             q = query.to(ar.operand).to(ar.acc)
-            k = _expand_kv(key.to(ar.operand).to(ar.acc), p)
-            v = _expand_kv(value.to(ar.operand).to(ar.acc), p)
+            k = p.expand_kv(key.to(ar.operand).to(ar.acc))
+            v = p.expand_kv(value.to(ar.operand).to(ar.acc))
             fwd = _forward_fa2 if order == "fa2" else _forward_fa1
             out, lse = fwd(ar, p, q, k, v, attn_mask, bm, bn)
         out = out.to(ar.operand)
@@ -407,12 +397,12 @@ class _OnlineAttention(torch.autograd.Function):
         want_dbias = bool(ctx.needs_input_grad[3])
         with _ieee_fp32_matmul():
             q = query.to(ar.operand).to(ar.acc)
-            k = _expand_kv(key.to(ar.operand).to(ar.acc), p)
-            v = _expand_kv(value.to(ar.operand).to(ar.acc), p)
+            k = p.expand_kv(key.to(ar.operand).to(ar.acc))
+            v = p.expand_kv(value.to(ar.operand).to(ar.acc))
             dq, dk, dv, dbias = _backward_fa2(
                 ar, p, q, k, v, attn_mask, out.to(ar.acc), lse, dout, bm, bn, want_dbias
             )
-        dk, dv = _reduce_kv(dk, p), _reduce_kv(dv, p)
+        dk, dv = p.reduce_kv(dk), p.reduce_kv(dv)
         dmask = None
         if dbias is not None:
             dmask = _sum_to_shape(dbias, attn_mask.shape).to(attn_mask.dtype)
