@@ -201,8 +201,8 @@ def error_model(
     # fp32 accumulation over a row's n allowed keys is order-dependent too: typical
     # u_acc sqrt((n - 1) / 2) relative (one rounding per addition, random walk), which
     # matters against u only for fp32 inputs.
-    n_live = ok.sum(-1).to(f64)
-    n_live = n_live[n_live > 0]
+    n_keys = ok.sum(-1, keepdim=True).to(f64)  # allowed keys per row (also used below)
+    n_live = n_keys[n_keys > 0]
     acc = U_ACC * float(torch.sqrt(torch.clamp(n_live - 1, min=0) / 2).mean()) / u if (
         n_live.numel()) else 0.0
     share = math.hypot(order_share(p, es / FLOOR_C, u), acc)
@@ -214,7 +214,6 @@ def error_model(
     # fp32 accumulation of the n_i allowed terms of a row: each addition rounds the running
     # sum (<= sum_j P_ij |V_jd|), independently: u_acc sqrt(n_i) (P|V|) in quadrature. It
     # matters in fp32 only (for fp16/bf16 it is < u), and only the elementwise floor gets it.
-    n_keys = ok.sum(-1, keepdim=True).to(f64)
     n_rows = ok.sum(-2, keepdim=True).transpose(-1, -2).to(f64)
     floor_out = floor_out + U_ACC * torch.sqrt(n_keys) * pv
     floor_out_acc = U_ACC * o.abs() + FLOOR_C * U_ACC * torch.sqrt((p * p) @ (av * av))

@@ -128,9 +128,10 @@ def abs_error(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(err), torch.full_like(err, math.inf), err)
 
 
-def tensor_metrics(got: torch.Tensor, want: torch.Tensor, *, dtype: torch.dtype | str) -> Metrics:
+def tensor_metrics(got: torch.Tensor, want: torch.Tensor, *, dtype: torch.dtype | str,
+                   err: torch.Tensor | None = None) -> Metrics:
     """Error metrics of ``got`` against the float64 ``want``; ulps in ``dtype`` (the kernel's
-    output dtype)."""
+    output dtype). ``err``: ``abs_error(got, want)`` when the caller has it already."""
     g = got.detach().to(torch.float64)
     w = want.detach().to(torch.float64)
     if g.shape != w.shape:
@@ -139,7 +140,7 @@ def tensor_metrics(got: torch.Tensor, want: torch.Tensor, *, dtype: torch.dtype 
     numel = w.numel()
     if numel == 0:
         return Metrics(0.0, 0.0, 0.0, 0.0, 0.0, (), 0.0, 0.0, 0, 0)
-    err = abs_error(g, w)
+    err = abs_error(g, w) if err is None else err
     # Every statistic stays a device tensor until one transfer at the end: on a GPU each
     # float() is a synchronisation, and there are a dozen per tensor otherwise.
     bad = ~torch.isfinite(err)

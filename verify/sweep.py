@@ -198,7 +198,8 @@ def _run_parallel(cases: list[Any], device: str, *, kernel_spec: str,
     """``jobs`` spawned worker processes, one case per task. The budget is a wall-clock
     deadline that workers check before each case. On an interrupt the workers are stopped
     and every case without a result is recorded "not run"; a worker that dies (a crash in a
-    kernel) fails only the cases that had no result, as "error" records naming the cause.
+    kernel) fails only the cases that had no result, as ``worker_died`` failures naming the
+    cause.
 
     Caveat: the cases that were running when an interrupt arrived are lost and recorded "not
     run"; a case is never reported twice.
