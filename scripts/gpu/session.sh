@@ -31,7 +31,10 @@ trap pack EXIT
 } > "$R/env-$PHASE.txt" 2>&1; cat "$R/env-$PHASE.txt"
 
 NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SchedulerStats"
-KERNELS="triton triton-fa1 sdpa-flash sdpa-efficient sdpa-cudnn sdpa-math flex"
+# One kernel's GPU-profile report: rep KERNEL JOBS SECONDS (the budget leaves 25 s to write).
+rep() { local k=$1 j=$2 t=$3; timeout -s TERM "$t" python3 -m verify run --kernel "$k" \
+  --device cuda --profile gpu --jobs "$j" --out "$R/reports/$k" --budget-s $((t-25)) -q \
+  > "$R/run-$k.log" 2>&1; echo "exit=$?" >> "$R/run-$k.log"; }
 
 if [ "$PHASE" = bench ]; then
   el bench
@@ -54,9 +57,6 @@ if [ "$PHASE" = verify ]; then
   # Many processes share 16 cores: one OpenMP thread each (a full-width pool per process
   # oversubscribes the machine and stalls every CPU-side step).
   export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True OMP_NUM_THREADS=1
-  rep() { local k=$1 j=$2 t=$3; timeout -s TERM "$t" python3 -m verify run --kernel "$k" \
-    --device cuda --profile gpu --jobs "$j" --out "$R/reports/$k" --budget-s $((t-25)) -q \
-    > "$R/run-$k.log" 2>&1; echo "exit=$?" >> "$R/run-$k.log"; }
   rep flex 7 "${FLEX_S:-520}" &
   el "run triton"; rep triton 8 "${TRITON_S:-210}"; el "run triton done"
   timeout -s TERM 75 python3 scripts/gpu/throughput.py --kernel triton --device cuda \
@@ -86,12 +86,9 @@ if [ "$PHASE" = suite ]; then
   grep -E "(FAILED|ERROR)" "$R/suite.log" | head -40
 fi
 if [ "$PHASE" = peers ]; then
-  # The SDPA backends' reports alone (no compiling): 4 workers each, 16 cores.
+  # The SDPA backends' reports alone (no compiling): 5 workers each, 16 cores.
   export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True OMP_NUM_THREADS=1
-  for k in sdpa-efficient sdpa-cudnn sdpa-math; do
-    job "run-$k" "${PEERS_S:-400}" python3 -m verify run --kernel $k --device cuda --profile gpu \
-      --jobs 5 --out "$R/reports/$k" --budget-s $((${PEERS_S:-400} - 30)) -q
-  done
+  for k in sdpa-efficient sdpa-cudnn sdpa-math; do rep $k 5 "${PEERS_S:-400}" & done
   wait
 fi
 if [ "$PHASE" = checks ]; then
