@@ -70,7 +70,8 @@ if [ "$PHASE" = verify ]; then
 fi
 if [ "$PHASE" = suite ]; then
   export OMP_NUM_THREADS=1
-  for j in 1 8; do
+  # SUITE_JOBS="" skips the throughput runs (the suite alone).
+  for j in ${SUITE_JOBS-1 8}; do
     el "throughput jobs=$j"
     timeout -s TERM 90 python3 scripts/gpu/throughput.py --kernel sdpa-math --device cuda \
       --profile gpu --max-n 512 --copies 3 --warmup 16 --budget-s 40 --jobs $j \
@@ -81,7 +82,7 @@ if [ "$PHASE" = suite ]; then
   el suite
   # -v: one line per test as it finishes, so a run cut by its limit still names its failures.
   timeout -s TERM "${SUITE_S:-240}" python3 -m pytest -n "${JOBS:-12}" --hypothesis-profile=gpu \
-    -v -p no:cacheprovider tests > "$R/suite.log" 2>&1
+    -v -rfE --durations=25 -p no:cacheprovider tests > "$R/suite.log" 2>&1
   el "suite exit=$?"
   grep -E "(FAILED|ERROR)" "$R/suite.log" | head -40
 fi
