@@ -13,8 +13,15 @@
 #                                         math; 5 workers each)
 #   bash scripts/gpu/session.sh checks    determinism, long sequence, sanitizer (memcheck and
 #                                         racecheck) and the kernel/oracle GPU tests
+#   bash scripts/gpu/session.sh throughput  the harness throughput alone (sdpa-math, no compiler;
+#                                         TP_JOBS processes, default "1 8 14")
+#   bash scripts/gpu/session.sh repro     replays our kernels' committed GPU failure files
+# Several phases may share one call (session.sh throughput peers); they run in this file's order.
 set -uo pipefail
-PHASE=${1:?phase}
+: "${1:?phase}"
+PHASES=" $* "
+has() { [[ "$PHASES" == *" $1 "* ]]; }
+PHASE=${*// /+}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TRITON_CACHE_DIR=$PWD/.tcache
 # Many compiling processes at once: one Inductor compile worker each, not one per core.
 export TORCHINDUCTOR_COMPILE_THREADS=1
@@ -36,14 +43,14 @@ rep() { local k=$1 j=$2 t=$3; timeout -s TERM "$t" python3 -m verify run --kerne
   --device cuda --profile gpu --jobs "$j" --out "$R/reports/$k" --budget-s $((t-25)) -q \
   > "$R/run-$k.log" 2>&1; echo "exit=$?" >> "$R/run-$k.log"; }
 
-if [ "$PHASE" = bench ]; then
+if has bench; then
   el bench
   timeout -s TERM "${BENCH_S:-560}" python3 -m kernels.bench --prewarm "${PREWARM:-14}" \
     --prewarm-timeout-s "${PREWARM_S:-200}" --budget-s "${BUDGET_S:-330}" --out "$R/bench" \
     ${BENCH_ARGS:-} > "$R/bench.log" 2>&1
   el "bench exit=$?"
 fi
-if [ "$PHASE" = ncu ]; then
+if has ncu; then
   for impl in triton cudnn; do
     el "ncu $impl"
     timeout -s TERM 100 ncu --clock-control none --profile-from-start off $NCU_SECTIONS \
@@ -51,7 +58,7 @@ if [ "$PHASE" = ncu ]; then
     el "ncu $impl exit=$?"
   done
 fi
-if [ "$PHASE" = verify ]; then
+if has verify; then
   # 16 cores: ours and flex compile side by side first (8 workers each); the throughput is
   # measured on ours' warm cache; then fa1 and the SDPA backends take ours' cores.
   # Many processes share 16 cores: one OpenMP thread each (a full-width pool per process
@@ -68,17 +75,32 @@ if [ "$PHASE" = verify ]; then
   for k in sdpa-flash sdpa-efficient sdpa-cudnn sdpa-math; do rep $k 1 "$R2" & done
   wait
 fi
-if [ "$PHASE" = suite ]; then
+# The harness throughput without a compiler (sdpa-math): tp "JOBS..." (cProfile with one job).
+tp() { local j; for j in $1; do
+  el "throughput jobs=$j"
+  timeout -s TERM 90 python3 scripts/gpu/throughput.py --kernel sdpa-math --device cuda \
+    --profile gpu --max-n 512 --copies 3 --warmup 16 --budget-s 40 --jobs "$j" \
+    --cprofile $((j == 1 ? 30 : 0)) --out "$R/throughput-sdpa-math-j$j.json" \
+    > "$R/throughput-sdpa-math-j$j.log" 2>&1
+  el "throughput exit=$?"
+done; }
+if has throughput; then
+  export OMP_NUM_THREADS=1; tp "${TP_JOBS:-1 8 14}"
+fi
+if has repro; then  # in the background, beside the phases after it
+  for f in docs/reports/h200/runs/triton/failures/*.json; do
+    for k in triton triton-fa1; do
+      el "repro $k $(basename "$f")"
+      timeout -s TERM 120 python3 -m verify repro "$f" --kernel $k --device cuda \
+        > "$R/repro-$k-$(basename "$f" .json).log" 2>&1
+      el "repro exit=$?"
+    done
+  done &
+fi
+if has suite; then
   export OMP_NUM_THREADS=1
   # SUITE_JOBS="" skips the throughput runs (the suite alone).
-  for j in ${SUITE_JOBS-1 8}; do
-    el "throughput jobs=$j"
-    timeout -s TERM 90 python3 scripts/gpu/throughput.py --kernel sdpa-math --device cuda \
-      --profile gpu --max-n 512 --copies 3 --warmup 16 --budget-s 40 --jobs $j \
-      --cprofile $((j == 1 ? 25 : 0)) --out "$R/throughput-sdpa-math-j$j.json" \
-      > "$R/throughput-sdpa-math-j$j.log" 2>&1
-    el "throughput exit=$?"
-  done
+  tp "${SUITE_JOBS-1 8}"
   el suite
   # -v: one line per test as it finishes, so a run cut by its limit still names its failures.
   timeout -s TERM "${SUITE_S:-240}" python3 -m pytest -n "${JOBS:-12}" --hypothesis-profile=gpu \
@@ -86,18 +108,19 @@ if [ "$PHASE" = suite ]; then
   el "suite exit=$?"
   grep -E "(FAILED|ERROR)" "$R/suite.log" | head -40
 fi
-if [ "$PHASE" = peers ]; then
+if has peers; then
   # The SDPA backends' reports alone (no compiling): 5 workers each, 16 cores.
   export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True OMP_NUM_THREADS=1
   for k in sdpa-efficient sdpa-cudnn sdpa-math; do rep $k 5 "${PEERS_S:-400}" & done
   wait
 fi
-if [ "$PHASE" = checks ]; then
+if has checks; then
   job det 250 python3 scripts/gpu/determinism.py --out "$R/determinism.json"
   job longseq 250 python3 scripts/gpu/long_seq.py --out "$R/long_seq.json"
   job memcheck 250 compute-sanitizer --tool memcheck --print-limit 20 python3 scripts/gpu/sanitize_cases.py
   job racecheck 250 compute-sanitizer --tool racecheck --print-limit 20 python3 scripts/gpu/sanitize_cases.py --ns 17,129,1000 --ds 40,128
   wait
 fi
+wait
 for f in "$R"/*.log; do echo "== $(basename "$f")"; tail -6 "$f"; done
 el done
