@@ -280,6 +280,14 @@ def error_model(
     # Score rounding through P (above) into dS = P (dP - D) and into dV = P^T dO.
     dds = dp_s * (dp - drow).abs()
     dq_acc = dq_acc + scale * torch.sqrt((dds * dds) @ (k * k))
+    # D_i = rowsum(dO_i o O_i) comes from the kernel's own O, which carries O's error (its
+    # floor: rounding, fp32 accumulation, underflow; independent over d), so D_i is off by
+    # delta_i = ||dO_i o floor_out_i||_2. That shifts the whole row, dS_ij by -P_ij delta_i:
+    # dq_i by scale delta_i |(P K)_i| (coherent over j), dk_j by scale ||P_:j delta o Q||_2
+    # (rows independent). It dominates where dS cancels and |P K| is large.
+    delta = torch.sqrt(((do * floor_out) ** 2).sum(-1, keepdim=True))
+    dq_acc = dq_acc + scale * delta * (p @ k).abs()
+    dk_acc = dk_acc + scale * torch.sqrt(((p * delta) ** 2).transpose(-1, -2) @ (q * q))
     dk_acc = dk_acc + scale * torch.sqrt((dds * dds).transpose(-1, -2) @ (q * q))
     dv_acc = dv_acc + torch.sqrt((dp_s * dp_s).transpose(-1, -2) @ (do * do))
     uf_dq = FLOOR_C * HALF_ETA_ACC * torch.sqrt(2 * (n_keys + d))

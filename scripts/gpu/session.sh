@@ -15,6 +15,7 @@
 #                                         racecheck) and the kernel/oracle GPU tests
 #   bash scripts/gpu/session.sh throughput  the harness throughput alone (sdpa-math, no compiler;
 #                                         TP_JOBS processes, default "1 8 14")
+#   bash scripts/gpu/session.sh subnormals  which CUDA operations flush subnormal results
 #   bash scripts/gpu/session.sh repro     replays our kernels' committed GPU failure files
 # Several phases may share one call (session.sh throughput peers); they run in this file's order.
 set -uo pipefail
@@ -96,6 +97,12 @@ if has repro; then  # in the background, beside the phases after it
       el "repro exit=$?"
     done
   done &
+fi
+if has subnormals; then
+  el subnormals
+  timeout -s TERM 60 python3 scripts/gpu/subnormals.py --out "$R/subnormals.json" \
+    > "$R/subnormals.log" 2>&1
+  el "subnormals exit=$?"
 fi
 if has suite; then
   export OMP_NUM_THREADS=1
