@@ -280,12 +280,17 @@ def error_model(
     # Score rounding through P (above) into dS = P (dP - D) and into dV = P^T dO.
     dds = dp_s * (dp - drow).abs()
     dq_acc = dq_acc + scale * torch.sqrt((dds * dds) @ (k * k))
-    # D_i = rowsum(dO_i o O_i) comes from the kernel's own O, which carries O's error (its
-    # floor: rounding, fp32 accumulation, underflow; independent over d), so D_i is off by
-    # delta_i = ||dO_i o floor_out_i||_2. That shifts the whole row, dS_ij by -P_ij delta_i:
-    # dq_i by scale delta_i |(P K)_i| (coherent over j), dk_j by scale ||P_:j delta o Q||_2
-    # (rows independent). It dominates where dS cancels and |P K| is large.
-    delta = torch.sqrt(((do * floor_out) ** 2).sum(-1, keepdim=True))
+    # D_i = rowsum(dO_i o O_i) comes from the kernel's own O, so O's fp32 accumulation error
+    # (typical u_acc sqrt(n_i) (P|V|)_id, independent over d) shifts the whole row of dS
+    # (dS_ij = P_ij (dP_ij - D_i)) by -P_ij delta_i, delta_i = ||dO_i o that||_2. It moves
+    # dq_i by scale delta_i |(P K)_i| (coherent over j) and dk_j by scale ||P_:j delta o Q||_2
+    # (rows independent); it dominates where dS cancels and |P K| is large (fp32, D = 1: an
+    # error of 6e-6 against a floor of 6e-6 without it). O's rounding to the dtype is left
+    # out: where it matters (a near one-hot row, O next to a representable V_j) its error is
+    # P's small part, not independent over d, and its shift of D_i cancels against dS (a
+    # quadrature model put the floor 30x above our kernel's error, fp16 large logits).
+    acc_o = U_ACC * torch.sqrt(n_keys) * pv
+    delta = torch.sqrt(((do * acc_o) ** 2).sum(-1, keepdim=True))
     dq_acc = dq_acc + scale * delta * (p @ k).abs()
     dk_acc = dk_acc + scale * torch.sqrt(((p * delta) ** 2).transpose(-1, -2) @ (q * q))
     dk_acc = dk_acc + scale * torch.sqrt((dds * dds).transpose(-1, -2) @ (q * q))
