@@ -65,6 +65,9 @@ def main(argv=None) -> int:
         probe("mul (elementwise)", dt, torch.mul, a, b)
         probe("sum over 64", dt, lambda x, y: (x * y).sum(0), a, b)
         probe("fp32 -> dtype", dt, lambda x, dt=dt: x.to(dt), b.float())
+        probe("index_add_ (atomics)", dt,
+              lambda x: torch.zeros(1, 64, dtype=x.dtype, device=x.device).index_add_(
+                  0, torch.zeros(64, dtype=torch.long, device=x.device), x), b)
         p = torch.softmax(torch.randn(64, 64, generator=g, dtype=torch.float64), -1).to(dt)
         probe("softmax backward", dt,
               lambda gy, y: torch._softmax_backward_data(gy, y, -1, y.dtype), b, p)

@@ -87,7 +87,12 @@ class BlockedAttention:
         return (ds.transpose(-1, -2) @ q) * scale
 
     def reduce_kv_grad(self, g: torch.Tensor, kv_heads: torch.Tensor, shape) -> torch.Tensor:
-        return torch.zeros(shape, device=g.device).index_add_(1, kv_heads, g)
+        # One query head at a time, in head order: no atomics (index_add_ on CUDA adds fp32
+        # with atomicAdd, which flushes subnormal sums to zero and is not deterministic).
+        out = torch.zeros(shape, device=g.device)
+        for h, kvh in enumerate(kv_heads.tolist()):
+            out[:, kvh] += g[:, h]
+        return out
 
     def accumulator_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return torch.float32
