@@ -71,3 +71,34 @@ def test_crashing_worker_becomes_failures_not_a_hang(cases, tmp_path):
 def test_jobs_must_be_positive(cases):
     with pytest.raises(ValueError, match="jobs must be an integer >= 1"):
         run_cases(None, cases, "cpu", kernel_spec=SPEC, failures_dir=None, jobs=0)
+
+
+def test_prefetched_draws_equal_fresh_draws_and_errors_fall_back(cases):
+    """The serial sweep draws case i+1 in a thread while case i runs: the drawn tensors are
+    the ones a fresh ``draw`` gives, bit for bit; a draw that raises is handed back as None,
+    so the caller's own draw raises the same error where it always did."""
+    import torch
+
+    from verify.sweep import Prefetch
+
+    class Bad:
+        def draw(self):
+            raise ValueError("dist overflows float16")
+
+    bad = Bad()
+    todo = [*cases[:3], bad, cases[3]]
+    drawing = Prefetch(todo)
+    try:
+        got = [drawing.take(i) for i in range(len(todo))]
+    finally:
+        drawing.close()
+    assert got[3] is None
+    with pytest.raises(ValueError, match="overflows float16"):
+        bad.draw()
+    for case, drawn in zip([*cases[:3], cases[3]], [*got[:3], got[4]], strict=True):
+        fresh = case.draw()
+        for name, t in fresh.items():
+            if t is None:
+                assert drawn[name] is None
+            else:
+                assert torch.equal(t.view(torch.uint8), drawn[name].view(torch.uint8)), name

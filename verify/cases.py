@@ -527,6 +527,12 @@ class Case:
 
     def materialize(self, device="cpu") -> Inputs:
         """Draw the inputs on the CPU from ``seed``, round, lay out, then move to ``device``."""
+        return self.place(self.draw(), device)
+
+    def draw(self) -> dict[str, torch.Tensor | None]:
+        """The CPU half of :meth:`materialize`: q, k, v, dO drawn from ``seed`` and rounded to
+        the dtype (logical, contiguous), and the mask. Pure CPU work that needs no device, so
+        a sweep can draw the next case while the current one runs (``place`` finishes it)."""
         dtype = self.torch_dtype
         q, k, v = draw_qkv(
             self.dist, B=self.B, Hq=self.Hq, Hkv=self.Hkv, Nq=self.Nq, Nk=self.Nk, D=self.D,
@@ -534,7 +540,7 @@ class Case:
         )
         do = draw_grad(self.grad_dist, (self.B, self.Hq, self.Nq, self.D), dtype=dtype,
                        seed=self.seed)
-        tensors = {}
+        drawn: dict[str, torch.Tensor | None] = {}
         for name, x in (("query", q), ("key", k), ("value", v), ("grad_out", do)):
             y = x.to(dtype)
             if not torch.isfinite(y).all():
@@ -542,14 +548,19 @@ class Case:
                     f"dist {short_dist(self.dist)} overflows {self.dtype} in {name}; "
                     "lower its parameters"
                 )
-            tensors[name] = _lay_out(y, self.layout, device)
-        mask = _build_mask(self)
+            drawn[name] = y
+        drawn["attn_mask"] = _build_mask(self)
+        return drawn
+
+    def place(self, drawn: dict[str, torch.Tensor | None], device="cpu") -> Inputs:
+        """Lay :meth:`draw`'s tensors out on ``device`` as the case's layout asks."""
+        mask = drawn["attn_mask"]
         return Inputs(
-            query=tensors["query"],
-            key=tensors["key"],
-            value=tensors["value"],
+            query=_lay_out(drawn["query"], self.layout, device),
+            key=_lay_out(drawn["key"], self.layout, device),
+            value=_lay_out(drawn["value"], self.layout, device),
             attn_mask=None if mask is None else mask.to(device),
-            grad_out=tensors["grad_out"],
+            grad_out=_lay_out(drawn["grad_out"], self.layout, device),
             is_causal=self.is_causal,
             causal_alignment=self.causal_alignment,
             window=self.window,

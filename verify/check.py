@@ -406,9 +406,10 @@ def _to_device_inputs(inputs: Inputs, device: str) -> Inputs:
 
 
 def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseline: bool = True,
-               inputs: Inputs | None = None) -> Verdict:
+               inputs: Inputs | None = None, drawn: dict | None = None) -> Verdict:
     """Run ``kernel`` on ``case`` and judge it (module docstring). ``inputs`` given: those
-    (captured) tensors instead of ``case.materialize(device)``."""
+    (captured) tensors instead of ``case.materialize(device)``; ``drawn``: ``case.draw()``
+    done beforehand (a sweep draws the next case while this one runs)."""
     t_start = time.perf_counter()
     k = as_kernel(kernel, device)
     verdict = Verdict(case=case, kernel=k.spec, device=device, status="not_run")
@@ -427,7 +428,10 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
     # Drawn once; every consumer (reference, baseline, each kernel run) gets its own
     # layout-preserving copy, so nothing is shared with the kernel and the inputs are drawn
     # once instead of three times (drawing is CPU work, a large share of a small case).
-    master = case.materialize(device) if inputs is None else _to_device_inputs(inputs, device)
+    if inputs is not None:
+        master = _to_device_inputs(inputs, device)
+    else:
+        master = case.place(case.draw() if drawn is None else drawn, device)
     fresh = master.clone
     inp = fresh()
     with clock("reference"):

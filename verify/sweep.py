@@ -129,10 +129,10 @@ def _not_run(case: Any, kernel_spec: str, device: str, reason: str) -> dict[str,
 
 
 def _check_one(kernel: Any, case: Any, device: str, *, kernel_spec: str,
-               failures_dir: str | Path | None) -> dict[str, Any]:
+               failures_dir: str | Path | None, drawn: Any = None) -> dict[str, Any]:
     from verify.check import check_case
 
-    verdict = check_case(kernel, case, device)
+    verdict = check_case(kernel, case, device, drawn=drawn)
     case_file = None
     if verdict.status == "fail" and failures_dir is not None:
         case_file = write_failure(failures_dir, case, verdict, kernel_spec=kernel_spec,
@@ -148,19 +148,58 @@ def _run_serial(kernel: Any, cases: list[Any], device: str, *, kernel_spec: str,
     records: list[dict[str, Any]] = []
     t0 = time.monotonic()
     stop_reason: str | None = None
-    for case in cases:
-        if stop_reason is None and budget_s is not None and time.monotonic() - t0 > budget_s:
-            stop_reason = _budget_reason(budget_s)
-        if stop_reason is None:
-            try:
-                records.append(_check_one(kernel, case, device, kernel_spec=kernel_spec,
-                                          failures_dir=failures_dir))
-                bar.advance(case.short()[:60])
-                continue
-            except KeyboardInterrupt:
-                stop_reason = "interrupted before this case ran"
-        records.append(_not_run(case, kernel_spec, device, stop_reason))
+    drawing = Prefetch(cases)
+    try:
+        for i, case in enumerate(cases):
+            if stop_reason is None and budget_s is not None and time.monotonic() - t0 > budget_s:
+                stop_reason = _budget_reason(budget_s)
+            if stop_reason is None:
+                try:
+                    drawn = drawing.take(i)
+                    records.append(_check_one(kernel, case, device, kernel_spec=kernel_spec,
+                                              failures_dir=failures_dir, drawn=drawn))
+                    bar.advance(case.short()[:60])
+                    continue
+                except KeyboardInterrupt:
+                    stop_reason = "interrupted before this case ran"
+            records.append(_not_run(case, kernel_spec, device, stop_reason))
+    finally:
+        drawing.close()
     return records
+
+
+class Prefetch:
+    """Draws case i+1's inputs (``Case.draw``, CPU work that releases the GIL) in a thread
+    while case i runs. ``take(i)`` returns case i's draw, or None (the caller then draws it
+    itself) for cases without ``draw`` or whose draw raised: the error then comes from the
+    caller's own draw, where it always came from."""
+
+    def __init__(self, cases: list[Any]):
+        import concurrent.futures as cf
+
+        self._cases = cases
+        self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="draw")
+        self._pending: dict[int, Any] = {}
+        self._submit(0)
+
+    def _submit(self, i: int) -> None:
+        if i < len(self._cases) and hasattr(self._cases[i], "draw"):
+            self._pending[i] = self._pool.submit(self._cases[i].draw)
+
+    def take(self, i: int) -> Any:
+        fut = self._pending.pop(i, None)
+        if fut is None:
+            self._submit(i + 1)
+            return None
+        try:
+            drawn = fut.result()
+        except Exception:
+            drawn = None
+        self._submit(i + 1)
+        return drawn
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 # Worker-process state for jobs > 1: the kernel is resolved once per worker.

@@ -33,7 +33,7 @@ import torch
 from verify.adapters import resolve_kernel
 from verify.check import check_case
 from verify.strategies import fixed_sweep
-from verify.sweep import run_cases
+from verify.sweep import Prefetch, run_cases
 
 
 def small_cases(profile: str, max_n: int, copies: int) -> tuple[list, list]:
@@ -85,15 +85,17 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         if prof:
             prof.enable()
-        for c in cases:
+        drawing = Prefetch(cases)  # the next case's inputs are drawn while this one runs
+        for i, c in enumerate(cases):
             if args.budget_s is not None and time.perf_counter() - t0 > args.budget_s:
                 break
-            v = check_case(kernel, c, args.device)
+            v = check_case(kernel, c, args.device, drawn=drawing.take(i))
             status[v.status] += 1
             for k, s in v.timings.items():
                 stages[k] += s
         _sync(args.device)
         wall = time.perf_counter() - t0
+        drawing.close()
         if prof:
             prof.disable()
             buf = io.StringIO()
