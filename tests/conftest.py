@@ -41,6 +41,13 @@ settings.register_profile(
 settings.load_profile("dev")
 
 
+def pytest_collection_modifyitems(config, items):
+    """``long`` tests first (stable order otherwise): pytest-xdist hands out the first items
+    one per worker, so the minutes-long campaigns run side by side from the start instead of
+    one of them starting last and setting the suite's wall time."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 @pytest.fixture(scope="session")
 def device() -> str:
     """The device the suite targets: CUDA when present, else the CPU (Triton interpreter)."""

@@ -21,6 +21,7 @@ KILL_LIMIT_S = 60.0  # issue #4: "caught in <= 60 s on the CPU"
 SEED = 0
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_correct_blocked_fixture_passes_500_examples(tmp_path, device):
     spec = f"{ROOT / 'tests' / 'fixtures_kernels.py'}:blocked_attention"

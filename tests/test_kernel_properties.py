@@ -44,6 +44,7 @@ def _check(spec: str, case) -> None:
     assert verdict.status == "pass", verdict.summary()
 
 
+@pytest.mark.long
 @given(case=_strategy("triton"))
 def test_triton_fa2_within_bounds(case):
     _check("triton", case)
@@ -51,6 +52,7 @@ def test_triton_fa2_within_bounds(case):
 
 # The FA1-order kernel differs from FA2 only in its forward loop order (same backward); on the
 # CPU its forward is covered by tests/test_kernel.py, and the property run is left to the GPU.
+@pytest.mark.long
 @pytest.mark.skipif(DEVICE == "cpu", reason="FA1 property run is GPU-only (CPU time budget)")
 @given(case=_strategy("triton-fa1"))
 def test_triton_fa1_within_bounds(case):

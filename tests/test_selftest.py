@@ -24,6 +24,7 @@ CI_BUDGET_S = 150.0
 CI_SEED = 0
 
 
+@pytest.mark.long
 def test_every_mutant_killed_no_false_alarm(tmp_path, device):
     rc = selftest.main(["--device", device, "--budget-s", str(CI_BUDGET_S),
                         "--seed", str(CI_SEED), "--out", str(tmp_path)])
