@@ -42,10 +42,26 @@ settings.load_profile("dev")
 
 
 def pytest_collection_modifyitems(config, items):
-    """``long`` tests first (stable order otherwise): pytest-xdist hands out the first items
-    one per worker, so the minutes-long campaigns run side by side from the start instead of
-    one of them starting last and setting the suite's wall time."""
-    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+    """Spread the ``long`` tests over pytest-xdist's first chunks, one per worker.
+
+    xdist's load scheduler first hands worker k the k-th run of ``chunk`` consecutive items
+    (chunk = max(2, items per worker // 4)); minutes-long campaigns next to each other in the
+    collection would all land on one worker and run one after the other (on the H200 that
+    set the suite's wall time). Each long test is therefore put at the start of its own
+    chunk. Without xdist they simply come first. Every worker computes the same order.
+    """
+    long = [it for it in items if it.get_closest_marker("long")]
+    if not long:
+        return
+    rest = [it for it in items if not it.get_closest_marker("long")]
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    chunk = max(2, len(items) // workers // 4) if workers > 1 else 1
+    ordered = []
+    for it in long:
+        ordered.append(it)
+        ordered.extend(rest[:chunk - 1])
+        rest = rest[chunk - 1:]
+    items[:] = ordered + rest
 
 
 @pytest.fixture(scope="session")
