@@ -16,7 +16,8 @@
 #   bash scripts/gpu/session.sh throughput  the harness throughput alone (sdpa-math, no compiler;
 #                                         TP_JOBS processes, default "1 8 14")
 #   bash scripts/gpu/session.sh subnormals  which CUDA operations flush subnormal results
-#   bash scripts/gpu/session.sh repro     replays our kernels' committed GPU failure files
+#   bash scripts/gpu/session.sh repro     replays our kernels' committed GPU failure files, and
+#                                         breaks sdpa-math's fp32 subnormal case into stages
 # Several phases may share one call (session.sh throughput peers); they run in this file's order.
 set -uo pipefail
 : "${1:?phase}"
@@ -89,6 +90,9 @@ if has throughput; then
   export OMP_NUM_THREADS=1; tp "${TP_JOBS:-1 8 14}"
 fi
 if has repro; then  # in the background, beside the phases after it
+  timeout -s TERM 120 python3 scripts/gpu/math_stages.py \
+    docs/reports/h200/runs/sdpa-math/failures/numerical-9d68678be5.json \
+    --out "$R/math_stages.json" > "$R/math_stages.log" 2>&1
   for f in docs/reports/h200/runs/triton/failures/*.json; do
     for k in triton triton-fa1; do
       el "repro $k $(basename "$f")"
