@@ -113,6 +113,17 @@ FALSE_ALARMS = [
     ("fp32_throughout", Case(B=1, Hq=2, Hkv=1, Nq=1, Nk=33, D=72, dtype="float16",
                              window=(0, 0), causal_alignment="bottom_right",
                              grad_dist={"kind": "outliers"}, seed=214)),
+    # fp32 logits of 1e4 with a -inf bias: 3.8x the baseline before the score-rounding floor
+    ("triton_fwd", Case.from_dict({**Case(B=1, Hq=1, Hkv=1, Nq=1, Nk=1, D=1,
+                                          dtype="float32").to_dict(), **{
+        "Hq": 3, "Nq": 52, "Nk": 52, "D": 128,
+        "mask": {"kind": "bias", "shape": "bhqk", "neginf_prob": 0.375,
+                 "neginf_first_tile": False, "tile": 16},
+        "dist": {"kind": "large_logits", "target": 1e4}, "seed": 5010}})),
+    # fp32 subnormal gradients: dk 23 subnormal spacings against 22 before the underflow floor
+    ("fa1_order", Case(B=1, Hq=1, Hkv=1, Nq=11, Nk=26, D=8, dtype="float32", window=(-1, 0),
+                       dist={"kind": "outliers", "p": 0.01, "outlier_sigma": 10.0},
+                       grad_dist={"kind": "tiny", "factor": 1.0}, seed=13652976)),
 ]
 
 
