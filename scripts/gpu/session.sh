@@ -8,7 +8,8 @@
 #   bash scripts/gpu/session.sh ncu       ncu on one forward+backward of ours and of cuDNN
 #   bash scripts/gpu/session.sh suite     the harness throughput without a compiler
 #                                         (sdpa-math; 1 and 8 processes), then the whole test
-#                                         suite on CUDA (tox -e gpu's command)
+#                                         suite on CUDA (tox -e gpu's tests, as two runs:
+#                                         the "long" ones and the rest, side by side)
 #   bash scripts/gpu/session.sh peers     the SDPA backends' reports alone (efficient, cuDNN,
 #                                         math; 5 workers each)
 #   bash scripts/gpu/session.sh checks    determinism, long sequence, sanitizer (memcheck and
@@ -113,11 +114,18 @@ if has suite; then
   # SUITE_JOBS="" skips the throughput runs (the suite alone).
   tp "${SUITE_JOBS-1 8}"
   el suite
-  # -v: one line per test as it finishes, so a run cut by its limit still names its failures.
-  timeout -s TERM "${SUITE_S:-240}" python3 -m pytest -n "${JOBS:-12}" --hypothesis-profile=gpu \
-    -v -rfE --durations=25 -p no:cacheprovider tests > "$R/suite.log" 2>&1
-  el "suite exit=$?"
-  grep -E "(FAILED|ERROR)" "$R/suite.log" | head -40
+  # Two pytest runs side by side over disjoint halves of the suite: the minutes-long
+  # campaigns (marker "long", one worker each) and the rest (JOBS workers), so the wall time
+  # is the longer of the two whatever order xdist deals tests in. Together they are exactly
+  # `tox -e gpu`'s tests. -v: one line per test, so a run cut by its limit names its failures.
+  pt() { local name=$1; shift; timeout -s TERM "${SUITE_S:-240}" python3 -m pytest \
+    --hypothesis-profile=gpu -v -rfE --durations=25 -p no:cacheprovider "$@" tests \
+    > "$R/$name.log" 2>&1; echo "exit=$?" >> "$R/$name.log"; }
+  pt suite-long -n "${LONG_JOBS:-4}" -m long &
+  pt suite -n "${JOBS:-10}" -m "not long"
+  wait
+  el "suite done"
+  grep -hE "(FAILED|ERROR|passed|failed|exit=)" "$R/suite.log" "$R/suite-long.log" | tail -20
 fi
 if has peers; then
   # The SDPA backends' reports alone (no compiling): 5 workers each, 16 cores.

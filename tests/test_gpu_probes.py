@@ -1,0 +1,60 @@
+"""CPU tests of the GPU diagnosis scripts ``scripts/gpu/subnormals.py`` and
+``scripts/gpu/math_stages.py``: both compare a device against the CPU, so with
+``--device cpu`` every difference must be zero, and the tables must be complete."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+
+import pytest
+
+from verify.cases import Case
+
+_GPU = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "gpu"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, _GPU / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_subnormal_probe_covers_every_dtype_and_op(tmp_path):
+    out = tmp_path / "subnormals.json"
+    assert _load("subnormals").main(["--device", "cpu", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    ops = {r["op"] for r in rows}
+    assert {"mul (elementwise)", "fp32 -> dtype", "index_add_ (atomics)",
+            "softmax backward"} <= ops
+    assert {r["dtype"] for r in rows} == {"float32", "bfloat16", "float16"}
+    # Every probe has subnormal exact results to lose, and the CPU keeps them where the
+    # operation is elementwise (matmuls may legitimately differ: oneDNN's bf16 GEMM flushes).
+    assert all(r["nonzero_exact"] > 0 for r in rows)
+    for r in rows:
+        if r["op"] in ("mul (elementwise)", "fp32 -> dtype"):
+            assert r["flushed_to_zero"] == 0 and r["max_err_in_subnormal_spacings"] == 0, r
+
+
+def test_math_stages_cpu_against_cpu_is_exact(tmp_path):
+    case = Case(B=1, Hq=2, Hkv=2, Nq=9, Nk=13, D=8, dtype="float32", is_causal=True,
+                grad_dist={"kind": "tiny", "factor": 1.0}, seed=3)
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps({"format": "flashcheck-case", "version": 1,
+                                "case": case.to_dict()}))
+    out = tmp_path / "stages.json"
+    assert _load("math_stages").main([str(path), "--device", "cpu", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["stage"].split(" ")[0] for r in rows] == ["S", "P", "dP", "dS", "dQ", "dK", "dV"]
+    assert all(r["max_diff"] == 0 and r["nonfinite_mismatch"] == 0 for r in rows), rows
+
+
+def test_math_stages_rejects_gqa(tmp_path):
+    case = Case(B=1, Hq=4, Hkv=2, Nq=4, Nk=4, D=8, dtype="float32", seed=1)
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps({"format": "flashcheck-case", "version": 1,
+                                "case": case.to_dict()}))
+    with pytest.raises(SystemExit, match="Hq = Hkv"):
+        _load("math_stages").main([str(path), "--device", "cpu"])
