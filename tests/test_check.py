@@ -173,3 +173,31 @@ def test_result_beyond_the_dtype_range_may_round_to_inf():
                                                                     "sigma": 100.0}, seed=1)
     v = check_case("reference", case, "cpu")
     assert v.status == "pass", v.summary()
+
+
+def test_captured_tensors_reach_the_kernel_not_a_draw(tmp_path):
+    """A TensorCase describes its tensors with a Case (whose seed draws other inputs); the
+    check, and the sweep's prefetched draws, must run the kernel on the captured tensors."""
+    from verify.cases import TensorCase, save_tensors
+    from verify.sweep import Prefetch
+
+    described = Case(B=1, Hq=2, Hkv=2, Nq=5, Nk=7, D=8, dtype="float32", seed=1)
+    captured = dataclasses.replace(described, seed=99).materialize()
+    save_tensors(tmp_path / "cap.pt", captured)
+    tc = TensorCase.from_file(tmp_path / "cap.pt", case=described)
+    seen = []
+
+    def kernel(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+               enable_gqa=False):
+        if q.shape == captured.query.shape:  # not the capability probes' tiny calls
+            seen.append(q.detach().clone())
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+
+    assert check_case(kernel, tc, "cpu").status == "pass"
+    assert len(seen) == 2 and all(torch.equal(q, captured.query) for q in seen)
+    drawing = Prefetch([tc, described])
+    try:
+        assert drawing.take(0) is None  # loaded by check_case, never drawn
+        assert torch.equal(drawing.take(1)["query"], described.draw()["query"])
+    finally:
+        drawing.close()

@@ -430,8 +430,10 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
     # once instead of three times (drawing is CPU work, a large share of a small case).
     if inputs is not None:
         master = _to_device_inputs(inputs, device)
-    else:
-        master = case.place(case.draw() if drawn is None else drawn, device)
+    elif drawn is not None:
+        master = case.place(drawn, device)
+    else:  # a Case draws; a TensorCase loads its captured tensors
+        master = case.materialize(device)
     fresh = master.clone
     inp = fresh()
     with clock("reference"):

@@ -170,33 +170,36 @@ def _run_serial(kernel: Any, cases: list[Any], device: str, *, kernel_spec: str,
 
 class Prefetch:
     """Draws case i+1's inputs (``Case.draw``, CPU work that releases the GIL) in a thread
-    while case i runs. ``take(i)`` returns case i's draw, or None (the caller then draws it
-    itself) for cases without ``draw`` or whose draw raised: the error then comes from the
-    caller's own draw, where it always came from."""
+    while case i runs. ``take(i)`` returns case i's draw, or None, and the caller then
+    materializes the case itself: for anything but a :class:`~verify.cases.Case` (a
+    ``TensorCase`` loads captured tensors, which must not be replaced by a draw), and for a
+    draw that raised, whose error then comes from the caller's own draw, as it always did."""
 
     def __init__(self, cases: list[Any]):
         import concurrent.futures as cf
 
+        from verify.cases import Case
+
         self._cases = cases
+        self._is_case = Case
         self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="draw")
         self._pending: dict[int, Any] = {}
         self._submit(0)
 
     def _submit(self, i: int) -> None:
-        if i < len(self._cases) and hasattr(self._cases[i], "draw"):
+        # type(), not isinstance: a TensorCase passes attribute reads through to its Case
+        if i < len(self._cases) and type(self._cases[i]) is self._is_case:
             self._pending[i] = self._pool.submit(self._cases[i].draw)
 
     def take(self, i: int) -> Any:
         fut = self._pending.pop(i, None)
+        self._submit(i + 1)  # queued behind case i's draw (one drawing thread)
         if fut is None:
-            self._submit(i + 1)
             return None
         try:
-            drawn = fut.result()
+            return fut.result()
         except Exception:
-            drawn = None
-        self._submit(i + 1)
-        return drawn
+            return None
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
