@@ -7,11 +7,13 @@ sweep) re-seeded ``--copies`` times, so the inputs differ but the compiled kerne
 repeat. One warm-up pass compiles every variant (or loads it from Triton's on-disk cache);
 the timed pass then measures the harness, not the compiler.
 
-- ``--jobs 1``: one process; the stage breakdown comes from each verdict's timings and,
-  with ``--cprofile N``, the N functions with the most own time.
-- ``--jobs J``: ``verify.sweep.run_cases(jobs=J)``, the path of ``flashcheck run --jobs J``;
-  its wall time includes starting the J workers (import, CUDA context), stated separately
-  as ``startup_s`` from a run of one case per worker.
+Both modes run ``verify.sweep.run_cases``, the path of ``flashcheck run --jobs J``; the
+stage breakdown comes from each record's timings.
+
+- ``--jobs 1``: one process; with ``--cprofile N``, also the N functions with the most own
+  time.
+- ``--jobs J``: J worker processes; the wall time includes starting them (import, CUDA
+  context), stated separately as ``startup_s`` from a run of one case per worker.
 
     python scripts/gpu/throughput.py --kernel triton --device cuda --profile gpu --max-n 512
 """
@@ -31,9 +33,8 @@ import time
 import torch
 
 from verify.adapters import resolve_kernel
-from verify.check import check_case
 from verify.strategies import fixed_sweep
-from verify.sweep import Prefetch, run_cases
+from verify.sweep import run_cases
 
 
 def small_cases(profile: str, max_n: int, copies: int) -> tuple[list, list]:
@@ -73,49 +74,35 @@ def main(argv=None) -> int:
            "max_n": args.max_n, "jobs": args.jobs,
            "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
            "torch": torch.__version__, "cases": len(cases)}
-    top = ""
-    if args.jobs == 1:
-        kernel = resolve_kernel(args.kernel, args.device)
-        t0 = time.perf_counter()
-        for c in base[:args.warmup]:  # warm-up: compile (or load) every variant once
-            check_case(kernel, c, args.device)
-        res["warmup_s"] = round(time.perf_counter() - t0, 1)
-        prof = cProfile.Profile() if args.cprofile else None
-        _sync(args.device)
-        t0 = time.perf_counter()
-        if prof:
-            prof.enable()
-        drawing = Prefetch(cases)  # the next case's inputs are drawn while this one runs
-        for i, c in enumerate(cases):
-            if args.budget_s is not None and time.perf_counter() - t0 > args.budget_s:
-                break
-            v = check_case(kernel, c, args.device, drawn=drawing.take(i))
-            status[v.status] += 1
-            for k, s in v.timings.items():
-                stages[k] += s
-        _sync(args.device)
-        wall = time.perf_counter() - t0
-        drawing.close()
-        if prof:
-            prof.disable()
-            buf = io.StringIO()
-            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(args.cprofile)
-            top = buf.getvalue()
-    else:
-        kw = dict(kernel_spec=args.kernel, failures_dir=None, quiet=True, jobs=args.jobs)
-        t0 = time.perf_counter()
-        run_cases(None, base[:args.warmup], args.device, **kw)  # warm-up: the disk cache
-        res["warmup_s"] = round(time.perf_counter() - t0, 1)
+    # Both modes go through verify.sweep.run_cases, the path of `flashcheck run --jobs J`
+    # (one process: the serial loop, which draws the next case's inputs while one runs).
+    kernel = resolve_kernel(args.kernel, args.device) if args.jobs == 1 else None
+    kw = dict(kernel_spec=args.kernel, failures_dir=None, quiet=True, jobs=args.jobs)
+    t0 = time.perf_counter()
+    run_cases(kernel, base[:args.warmup], args.device, **kw)  # compile (or load) each variant
+    res["warmup_s"] = round(time.perf_counter() - t0, 1)
+    if args.jobs > 1:
         t0 = time.perf_counter()
         run_cases(None, base[:args.jobs], args.device, **kw)  # start-up plus one case each
         res["startup_s"] = round(time.perf_counter() - t0, 2)
-        t0 = time.perf_counter()
-        recs = run_cases(None, cases, args.device, budget_s=args.budget_s, **kw)
-        wall = time.perf_counter() - t0
-        for r in recs:
-            status[r["status"]] += 1
-            for k, s in (r.get("timings") or {}).items():
-                stages[k] += s or 0.0
+    prof = cProfile.Profile() if args.cprofile and args.jobs == 1 else None
+    _sync(args.device)
+    t0 = time.perf_counter()
+    if prof:
+        prof.enable()
+    recs = run_cases(kernel, cases, args.device, budget_s=args.budget_s, **kw)
+    _sync(args.device)
+    wall = time.perf_counter() - t0
+    top = ""
+    if prof:
+        prof.disable()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(args.cprofile)
+        top = buf.getvalue()
+    for r in recs:
+        status[r["status"]] += 1
+        for k, s in (r.get("timings") or {}).items():
+            stages[k] += s or 0.0
     checked = status["pass"] + status["fail"]
     # Without a budget every "not run" is a case outside the kernel's domain, which the
     # harness handled too; with one, "not run" also means cut by the budget, so none count.
