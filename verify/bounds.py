@@ -275,8 +275,6 @@ def error_model(
     dq_acc = U_ACC * torch.sqrt(n_keys) * scale * (ads @ ak)
     dk_acc = U_ACC * torch.sqrt(n_rows) * scale * (ads.transpose(-1, -2) @ aq)
     dv_acc = U_ACC * torch.sqrt(n_rows) * (p.transpose(-1, -2) @ ado)
-    # Underflow of each rounded dS_ij (eta/2 |K_jd| or |Q_id|) and P_ij (eta/2 |dO_id|), in
-    # quadrature over the summed index; the results' own eta/2 is added below.
     # Score rounding through P (above) into dS = P (dP - D) and into dV = P^T dO.
     dds = dp_s * (dp - drow).abs()
     dq_acc = dq_acc + scale * torch.sqrt((dds * dds) @ (k * k))
@@ -295,6 +293,8 @@ def error_model(
     dk_acc = dk_acc + scale * torch.sqrt(((p * delta) ** 2).transpose(-1, -2) @ (q * q))
     dk_acc = dk_acc + scale * torch.sqrt((dds * dds).transpose(-1, -2) @ (q * q))
     dv_acc = dv_acc + torch.sqrt((dp_s * dp_s).transpose(-1, -2) @ (do * do))
+    # Underflow of each rounded dS_ij (eta/2 |K_jd| or |Q_id|) and P_ij (eta/2 |dO_id|), in
+    # quadrature over the summed index; the results' own eta/2 is added below.
     uf_dq = FLOOR_C * HALF_ETA_ACC * torch.sqrt(2 * (n_keys + d))
     uf_dk = FLOOR_C * HALF_ETA_ACC * torch.sqrt(2 * (n_rows + d))
     uf_dv = FLOOR_C * HALF_ETA_ACC * torch.sqrt(2 * n_rows)
