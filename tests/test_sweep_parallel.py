@@ -77,15 +77,15 @@ def test_prefetched_draws_equal_fresh_draws_and_errors_fall_back(cases):
     """The serial sweep draws case i+1 in a thread while case i runs: the drawn tensors are
     the ones a fresh ``draw`` gives, bit for bit; a draw that raises is handed back as None,
     so the caller's own draw raises the same error where it always did."""
+    import dataclasses
+
     import torch
 
     from verify.sweep import Prefetch
 
-    class Bad:
-        def draw(self):
-            raise ValueError("dist overflows float16")
-
-    bad = Bad()
+    # large logits at a tiny scale: q and k are scaled past fp16's range, so draw() raises
+    bad = dataclasses.replace(cases[0], dtype="float16", D=1, scale=1e-6,
+                              dist={"kind": "large_logits", "target": 1e6})
     todo = [*cases[:3], bad, cases[3]]
     drawing = Prefetch(todo)
     try:
