@@ -29,7 +29,8 @@ from verify.check import _allowed_bias
 
 
 def _stages(allowed, bias, scale):
-    """(name, function, names of its inputs) for each stage."""
+    """(name, function, names of its inputs, name of its output or None) for each stage;
+    later stages read the named outputs."""
     def s_fn(q, k):
         s = (q @ k.transpose(-1, -2)) * scale
         s = s.masked_fill(~allowed.to(s.device), float("-inf"))
@@ -39,13 +40,14 @@ def _stages(allowed, bias, scale):
         return torch._softmax_backward_data(dp, p, -1, p.dtype)
 
     return [
-        ("S = scale Q K^T", s_fn, ("q", "k")),
-        ("P = softmax(S)", lambda s: torch.softmax(s, -1), ("s",)),
-        ("dP = dO V^T", lambda do, v: do @ v.transpose(-1, -2), ("do", "v")),
-        ("dS = softmax_backward", ds_fn, ("dp", "p")),
-        ("dQ = scale dS K", lambda ds, k: (ds @ k) * scale, ("ds", "k")),
-        ("dK = scale dS^T Q", lambda ds, q: (ds.transpose(-1, -2) @ q) * scale, ("ds", "q")),
-        ("dV = P^T dO", lambda p, do: p.transpose(-1, -2) @ do, ("p", "do")),
+        ("S = scale Q K^T", s_fn, ("q", "k"), "s"),
+        ("P = softmax(S)", lambda s: torch.softmax(s, -1), ("s",), "p"),
+        ("dP = dO V^T", lambda do, v: do @ v.transpose(-1, -2), ("do", "v"), "dp"),
+        ("dS = softmax_backward", ds_fn, ("dp", "p"), "ds"),
+        ("dQ = scale dS K", lambda ds, k: (ds @ k) * scale, ("ds", "k"), None),
+        ("dK = scale dS^T Q", lambda ds, q: (ds.transpose(-1, -2) @ q) * scale, ("ds", "q"),
+         None),
+        ("dV = P^T dO", lambda p, do: p.transpose(-1, -2) @ do, ("p", "do"), None),
     ]
 
 
@@ -67,10 +69,8 @@ def main(argv=None) -> int:
            "do": inp.grad_out.contiguous()}
     dt = inp.query.dtype
     spacing = torch.finfo(dt).smallest_normal * torch.finfo(dt).eps
-    names = {"S = scale Q K^T": "s", "P = softmax(S)": "p", "dP = dO V^T": "dp",
-             "dS = softmax_backward": "ds"}
     rows = []
-    for name, fn, ins in _stages(allowed, bias, scale):
+    for name, fn, ins, out in _stages(allowed, bias, scale):
         cpu = fn(*(env[n] for n in ins))
         dev = fn(*(env[n].to(args.device) for n in ins)).cpu()
         fin = torch.isfinite(cpu) & torch.isfinite(dev)
@@ -78,7 +78,8 @@ def main(argv=None) -> int:
                            torch.zeros((), dtype=torch.float64))
         worst = int(diff.argmax())
         idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), diff.shape))
-        size = float(cpu.double().abs().max())
+        finite = cpu.double().abs()[torch.isfinite(cpu)]  # S has -inf where masked
+        size = float(finite.max()) if finite.numel() else 0.0
         rows.append({"stage": name, "max_diff": float(diff.max()),
                      "in_subnormal_spacings": float(diff.max() / spacing),
                      "relative_to_max": float(diff.max()) / size if size else 0.0,
@@ -86,8 +87,8 @@ def main(argv=None) -> int:
                                                 != torch.isfinite(dev)).sum()),
                      "worst_index": idx, "device_value": float(dev[idx]),
                      "cpu_value": float(cpu[idx])})
-        if name in names:
-            env[names[name]] = cpu
+        if out is not None:
+            env[out] = cpu
     print(f"case: {case.short()}  device: {args.device}  dtype: {case.dtype}")
     for r in rows:
         print(f"{r['stage']:24s} max diff {r['max_diff']:.3g} = "
