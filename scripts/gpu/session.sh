@@ -15,7 +15,8 @@
 #   bash scripts/gpu/session.sh checks    determinism, long sequence, sanitizer (memcheck and
 #                                         racecheck) and the kernel/oracle GPU tests
 #   bash scripts/gpu/session.sh throughput  the harness throughput alone (sdpa-math, no compiler;
-#                                         TP_JOBS processes, default "1 8 14")
+#                                         TP_JOBS processes, default "1 8 14"; MPS_JOBS: the
+#                                         same again under the CUDA MPS server)
 #   bash scripts/gpu/session.sh subnormals  which CUDA operations flush subnormal results
 #   bash scripts/gpu/session.sh repro     replays our kernels' committed GPU failure files, and
 #                                         breaks sdpa-math's fp32 subnormal case into stages
@@ -82,13 +83,20 @@ fi
 tp() { local j; for j in $1; do
   el "throughput jobs=$j"
   timeout -s TERM 90 python3 scripts/gpu/throughput.py --kernel sdpa-math --device cuda \
-    --profile gpu --max-n 512 --copies 3 --warmup 16 --budget-s 40 --jobs "$j" \
-    --cprofile $((j == 1 ? 30 : 0)) --out "$R/throughput-sdpa-math-j$j.json" \
-    > "$R/throughput-sdpa-math-j$j.log" 2>&1
+    --profile gpu --max-n 512 --copies "${TP_COPIES:-3}" --warmup 16 --budget-s 40 --jobs "$j" \
+    --cprofile $((j == 1 ? 30 : 0)) --out "$R/throughput-sdpa-math-j$j${2:-}.json" \
+    > "$R/throughput-sdpa-math-j$j${2:-}.log" 2>&1
   el "throughput exit=$?"
 done; }
 if has throughput; then
   export OMP_NUM_THREADS=1; tp "${TP_JOBS:-1 8 14}"
+  # MPS_JOBS="12": the same with the CUDA MPS server running, so the processes' kernels share
+  # the GPU at once instead of taking turns in time slices (files named ...-jN-mps).
+  if [ -n "${MPS_JOBS:-}" ]; then
+    if nvidia-cuda-mps-control -d; then
+      el "mps started"; tp "$MPS_JOBS" -mps; echo quit | nvidia-cuda-mps-control; el "mps stopped"
+    else el "mps: nvidia-cuda-mps-control -d failed"; fi
+  fi
 fi
 if has repro; then  # in the background, beside the phases after it
   timeout -s TERM 120 python3 scripts/gpu/math_stages.py \
