@@ -129,7 +129,7 @@ if has suite; then
   pt() { local name=$1; shift; timeout -s TERM "${SUITE_S:-240}" python3 -m pytest \
     --hypothesis-profile=gpu -v -rfE --durations=25 -p no:cacheprovider "$@" tests \
     > "$R/$name.log" 2>&1; echo "exit=$?" >> "$R/$name.log"; }
-  pt suite-long -n "${LONG_JOBS:-4}" -m long &
+  pt suite-long -n "${LONG_JOBS:-8}" -m long &
   pt suite -n "${JOBS:-10}" -m "not long"
   wait
   el "suite done"
