@@ -271,10 +271,16 @@ def error_model(
     dk_sq = (scale**2) * ((ds * ds).transpose(-1, -2) @ (aq * aq))
     dk_canc = scale * torch.sqrt((canc * canc).transpose(-1, -2) @ (aq * aq))
     dk_ref = scale * (ds.transpose(-1, -2) @ q)
-    # fp32 accumulation over the keys (dq) or the query rows (dk, dv), as for out.
+    # fp32 accumulation over the keys (dq) or the query rows (dk, dv), as for out. Under GQA
+    # a shared K/V head's gradient may be one running sum over its whole group's rows (our
+    # backward loops the group inside the key tile), so the length is the group's live rows:
+    # u_acc sqrt(sum_h n_h) per head, summed over the group below. It covers per-head sums
+    # added afterwards too (sqrt(n_h) <= sqrt(sum_h n_h)); with sqrt(n_h), one running sum
+    # over 3 x 78 rows (fp32, dO = 1) reached 1.45x the floor on the H200.
+    n_acc = _expand_kv(_group_sum(n_rows, hkv), hq) if hq != hkv else n_rows
     dq_acc = U_ACC * torch.sqrt(n_keys) * scale * (ads @ ak)
-    dk_acc = U_ACC * torch.sqrt(n_rows) * scale * (ads.transpose(-1, -2) @ aq)
-    dv_acc = U_ACC * torch.sqrt(n_rows) * (p.transpose(-1, -2) @ ado)
+    dk_acc = U_ACC * torch.sqrt(n_acc) * scale * (ads.transpose(-1, -2) @ aq)
+    dv_acc = U_ACC * torch.sqrt(n_acc) * (p.transpose(-1, -2) @ ado)
     # Score rounding through P (above) into dS = P (dP - D) and into dV = P^T dO.
     dds = dp_s * (dp - drow).abs()
     dq_acc = dq_acc + scale * torch.sqrt((dds * dds) @ (k * k))
