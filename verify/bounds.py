@@ -135,6 +135,17 @@ def _group_sum(x: torch.Tensor, hkv: int) -> torch.Tensor:
     return x.reshape(b, hkv, hq // hkv, *x.shape[2:]).sum(2)
 
 
+def _key_multiplicity(key: torch.Tensor, hq: int) -> torch.Tensor:
+    """(B, Hq, 1, Nk) float64: how many keys of the same (batch, kv head) equal key j."""
+    b, hkv, nk, d = key.shape
+    head = torch.arange(b * hkv, device=key.device).repeat_interleave(nk)
+    rows = torch.cat([head[:, None].to(torch.float64),
+                      key.detach().reshape(-1, d).to(torch.float64)], dim=1)
+    _, inverse, counts = torch.unique(rows, dim=0, return_inverse=True, return_counts=True)
+    m = counts[inverse].reshape(b, hkv, 1, nk).to(torch.float64)
+    return _expand_kv(m, hq)
+
+
 def error_model(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -206,7 +217,13 @@ def error_model(
     acc = U_ACC * float(torch.sqrt(torch.clamp(n_live - 1, min=0) / 2).mean()) / u if (
         n_live.numel()) else 0.0
     share = math.hypot(order_share(p, es / FLOOR_C, u), acc)
-    dp_s = p * torch.sqrt(es * es + ((p * es) ** 2).sum(-1, keepdim=True))
+    # Identical keys get identical scores and so identical rounding errors (the same dot
+    # product): those errors add coherently, not in quadrature. A key repeated m times adds
+    # (sum over its copies)^2 <= m sum of squares (Cauchy-Schwarz), so each key's squared
+    # term in a sum over keys is weighted by its multiplicity m_j (1 for distinct keys).
+    # Tied fp32 keys (dist=ties(4), scale 3) put correct kernels' out at 1.3x without it.
+    mult = _key_multiplicity(key, hq)
+    dp_s = p * torch.sqrt(es * es + (mult * (p * es) ** 2).sum(-1, keepdim=True))
     pv = p @ av
     bounds: dict[str, TensorBound] = {}
     apr_out = eps_p @ av + (_gamma(nk) + 2 * u_op) * pv + u * o.abs()
@@ -223,7 +240,7 @@ def error_model(
     okf = ok.to(f64)
     # The fp32 products and additions underflow too (eta_fp32 / 2 each): a sum of n terms
     # carries sqrt(2 n) such errors in quadrature (one per product, one per addition).
-    floor_out = floor_out + torch.sqrt((dp_s * dp_s) @ (v * v))
+    floor_out = floor_out + torch.sqrt((mult * dp_s * dp_s) @ (v * v))
     uf_acc = FLOOR_C * HALF_ETA_ACC * torch.sqrt(2 * n_keys)
     sub_out = half_eta * (1.0 + FLOOR_C * torch.sqrt(okf @ (av * av))) + uf_acc
     floor_out, floor_out_acc = floor_out + sub_out, floor_out_acc + half_eta + uf_acc
@@ -283,7 +300,7 @@ def error_model(
     dv_acc = U_ACC * torch.sqrt(n_acc) * (p.transpose(-1, -2) @ ado)
     # Score rounding through P (above) into dS = P (dP - D) and into dV = P^T dO.
     dds = dp_s * (dp - drow).abs()
-    dq_acc = dq_acc + scale * torch.sqrt((dds * dds) @ (k * k))
+    dq_acc = dq_acc + scale * torch.sqrt((mult * dds * dds) @ (k * k))
     # D_i = rowsum(dO_i o O_i) comes from the kernel's own O, so O's fp32 accumulation error
     # (typical u_acc sqrt(n_i) (P|V|)_id, independent over d) shifts the whole row of dS
     # (dS_ij = P_ij (dP_ij - D_i)) by -P_ij delta_i, delta_i = ||dO_i o that||_2. It moves
@@ -296,7 +313,13 @@ def error_model(
     acc_o = U_ACC * torch.sqrt(n_keys) * pv
     delta = torch.sqrt(((do * acc_o) ** 2).sum(-1, keepdim=True))
     dq_acc = dq_acc + scale * delta * (p @ k).abs()
-    dk_acc = dk_acc + scale * torch.sqrt(((p * delta) ** 2).transpose(-1, -2) @ (q * q))
+    # For dk the rows' shifts add in quadrature over i, and there O's rounding to the dtype
+    # counts too (typical size u |O_id| / sqrt(3), the deviation of a rounding uniform on
+    # [-u|O|, u|O|], independent over d): a kernel that keeps P and dS in fp32 but takes D_i
+    # from its rounded O gets no cancellation against a rounded P (bf16, D = 1, large
+    # logits: dk at 1.07x the floor without it).
+    delta_k = torch.sqrt(delta * delta + ((do * u * o) ** 2).sum(-1, keepdim=True) / 3)
+    dk_acc = dk_acc + scale * torch.sqrt(((p * delta_k) ** 2).transpose(-1, -2) @ (q * q))
     dk_acc = dk_acc + scale * torch.sqrt((dds * dds).transpose(-1, -2) @ (q * q))
     dv_acc = dv_acc + torch.sqrt((dp_s * dp_s).transpose(-1, -2) @ (do * do))
     # Underflow of each rounded dS_ij (eta/2 |K_jd| or |Q_id|) and P_ij (eta/2 |dO_id|), in

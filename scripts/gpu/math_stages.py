@@ -4,11 +4,14 @@ For a case file, runs the math backend's stages one by one in the case's dtype, 
 ``--device`` and on the CPU, from the same inputs, and reports each stage's largest
 difference in units of the dtype's subnormal spacing and relative to the stage's size:
 
-    S = scale Q K^T (+ mask)   P = softmax(S)   dP = dO V^T
-    dS = softmax_backward(dP, P)   dQ = scale dS K   dK = scale dS^T Q   dV = P^T dO
+    S = (rQ)(rK)^T (+ mask)   P = softmax(S)   dP = dO V^T
+    dS = softmax_backward(dP, P)   dQ = r dS (rK)   dK = r dS^T (rQ)   dV = P^T dO
 
-Each device stage starts from the CPU's previous stage (moved to the device), so a
-difference is the stage's own, not inherited. Divergence 5 of docs/reports/README.md
+with r = sqrt(scale): the math backend scales Q and K by r each before the product (its
+forward equals this bit for bit on the CPU). Each device stage starts from the CPU's previous
+stage (moved to the device), so a difference is the stage's own, not inherited. Then the
+backend itself (``F.scaled_dot_product_attention`` under ``SDPBackend.MATH``, autograd) runs
+on both, and its dq, dk, dv are compared with each other and with the float64 reference. Divergence 5 of docs/reports/README.md
 (sdpa-math, fp32, tied keys, tiny dO: dq 150 subnormal spacings off on CUDA, 18 on the CPU)
 is what it is for:
 
@@ -31,8 +34,10 @@ from verify.check import _allowed_bias
 def _stages(allowed, bias, scale):
     """(name, function, names of its inputs, name of its output or None) for each stage;
     later stages read the named outputs."""
+    r = scale ** 0.5
+
     def s_fn(q, k):
-        s = (q @ k.transpose(-1, -2)) * scale
+        s = (q * r) @ (k * r).transpose(-1, -2)
         s = s.masked_fill(~allowed.to(s.device), float("-inf"))
         return s if bias is None else s + bias.to(s.device)
 
@@ -40,15 +45,60 @@ def _stages(allowed, bias, scale):
         return torch._softmax_backward_data(dp, p, -1, p.dtype)
 
     return [
-        ("S = scale Q K^T", s_fn, ("q", "k"), "s"),
+        ("S = (rQ)(rK)^T", s_fn, ("q", "k"), "s"),
         ("P = softmax(S)", lambda s: torch.softmax(s, -1), ("s",), "p"),
         ("dP = dO V^T", lambda do, v: do @ v.transpose(-1, -2), ("do", "v"), "dp"),
         ("dS = softmax_backward", ds_fn, ("dp", "p"), "ds"),
-        ("dQ = scale dS K", lambda ds, k: (ds @ k) * scale, ("ds", "k"), None),
-        ("dK = scale dS^T Q", lambda ds, q: (ds.transpose(-1, -2) @ q) * scale, ("ds", "q"),
+        ("dQ = r dS (rK)", lambda ds, k: (ds @ (k * r)) * r, ("ds", "k"), None),
+        ("dK = r dS^T (rQ)", lambda ds, q: (ds.transpose(-1, -2) @ (q * r)) * r, ("ds", "q"),
          None),
         ("dV = P^T dO", lambda p, do: p.transpose(-1, -2) @ do, ("p", "do"), None),
     ]
+
+
+def _backend_grads(inp, allowed, bias, is_causal, device):
+    """dq, dk, dv of the math backend on ``device`` (the case's mask as an additive mask,
+    unless plain causal)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = (t.to(device).detach().requires_grad_() for t in (inp.query, inp.key, inp.value))
+    mask = None
+    if not is_causal:
+        mask = torch.zeros(allowed.shape, dtype=q.dtype).masked_fill(~allowed, float("-inf"))
+        mask = (mask if bias is None else mask + bias.to(q.dtype)).to(device)
+    with sdpa_kernel(SDPBackend.MATH):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                             scale=float(inp.effective_scale))
+    out.backward(inp.grad_out.to(device))
+    return {n: t.grad.cpu() for n, t in (("dq", q), ("dk", k), ("dv", v))}
+
+
+def _backend_rows(case, inp, allowed, bias, device, spacing):
+    """The backend's gradients: device against CPU, and each against float64."""
+    from verify.check import _reference
+
+    plain_causal = (case.is_causal and case.causal_alignment == "top_left"
+                    and case.window is None and case.mask["kind"] == "none")
+    ref = _reference(inp.clone(), True)
+    cpu = _backend_grads(inp, allowed, bias, plain_causal, "cpu")
+    dev = _backend_grads(inp, allowed, bias, plain_causal, device)
+    rows = []
+    for n in ("dq", "dk", "dv"):
+        want = ref[n].cpu().double()
+        errs = {w: (g[n].double() - want).abs() for w, g in (("device", dev), ("cpu", cpu))}
+        errs["device vs cpu"] = (dev[n].double() - cpu[n].double()).abs()
+        for what, e in errs.items():
+            worst = int(e.argmax())
+            idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), e.shape))
+            rows.append({"stage": f"backend {n}: {what}", "max_diff": float(e.max()),
+                         "in_subnormal_spacings": float(e.max() / spacing),
+                         "relative_to_max": float(e.max() / want.abs().max())
+                         if float(want.abs().max()) else 0.0,
+                         "nonfinite_mismatch": 0, "worst_index": idx,
+                         "device_value": float(dev[n][idx]), "cpu_value": float(cpu[n][idx])
+                         if what != "device" else float(want[idx])})
+    return rows
 
 
 def main(argv=None) -> int:
@@ -89,6 +139,7 @@ def main(argv=None) -> int:
                      "cpu_value": float(cpu[idx])})
         if out is not None:
             env[out] = cpu
+    rows += _backend_rows(case, inp, allowed, bias, args.device, spacing)
     print(f"case: {case.short()}  device: {args.device}  dtype: {case.dtype}")
     for r in rows:
         print(f"{r['stage']:24s} max diff {r['max_diff']:.3g} = "
