@@ -239,7 +239,9 @@ def test_floor_covers_one_running_sum_over_the_gqa_group():
         for i in range(case.Nq):
             acc = acc + p32[h, i, :, None] * do32[h, i]
     ratio = float(((acc.double() - want).abs() / model["dv"].floor[0, 0]).max())
-    assert 0.5 < ratio < 1.0, ratio  # 0.89 (1.43 with sqrt(Nq) per head)
+    # 0.46; 1.43 with sqrt(Nq) per head, 0.89 before the floor allowed approximate
+    # exp2/log2 (U_APPROX, which adds 4 u_acc (1 + ln 78) |dV| here)
+    assert 0.3 < ratio < 1.0, ratio
 
 
 def test_effective_samples_counts_distinct_and_heavy_tailed_errors():

@@ -27,7 +27,8 @@ def test_correct_blocked_fixture_passes_500_examples(tmp_path, device):
     spec = f"{ROOT / 'tests' / 'fixtures_kernels.py'}:blocked_attention"
     rc = cli.main(["fuzz", "--kernel", spec, "--device", device, "--examples", "500",
                    "--seed", str(SEED), "--out", str(tmp_path)])
-    assert rc == 0, f"failures: {sorted(p.name for p in (tmp_path / 'failures').glob('*'))}"
+    reports = sorted((tmp_path / "failures").glob("*.md"))
+    assert rc == 0, "failures:\n" + "\n".join(p.read_text() for p in reports)
 
 
 def test_rescale_bug_caught_fast_and_replayed(tmp_path, device):
