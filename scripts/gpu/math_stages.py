@@ -11,9 +11,9 @@ with r = sqrt(scale): the math backend scales Q and K by r each before the produ
 forward equals this bit for bit on the CPU). Each device stage starts from the CPU's previous
 stage (moved to the device), so a difference is the stage's own, not inherited. Then the
 backend itself (``F.scaled_dot_product_attention`` under ``SDPBackend.MATH``, autograd) runs
-on both, and its dq, dk, dv are compared with each other and with the float64 reference. Divergence 5 of docs/reports/README.md
-(sdpa-math, fp32, tied keys, tiny dO: dq 150 subnormal spacings off on CUDA, 18 on the CPU)
-is what it is for:
+on both, and its dq, dk, dv are compared with each other and with the float64 reference.
+Divergence 5 of docs/reports/README.md (sdpa-math, fp32, tied keys, tiny dO: dq 150
+subnormal spacings off on CUDA, 18 on the CPU) is what it is for:
 
     python scripts/gpu/math_stages.py \
         docs/reports/h200/runs/sdpa-math/failures/numerical-9d68678be5.json
