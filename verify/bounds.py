@@ -174,6 +174,19 @@ def _row_multiplicity(query: torch.Tensor, grad_out: torch.Tensor) -> torch.Tens
     return counts[inverse].reshape(b, h, n, 1).to(torch.float64)
 
 
+def _rounding_flip_spacing(x: torch.Tensor, err: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The dtype's spacing at x where x is within ``err`` of a rounding midpoint (a value
+    computed with that error may round to either neighbour), else 0. float64 in and out."""
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return torch.zeros_like(x)
+    fi = torch.finfo(dtype)
+    _, e = torch.frexp(x)  # x = m 2^e, 0.5 <= |m| < 1
+    spacing = torch.clamp(torch.ldexp(torch.ones_like(x), e - 1) * fi.eps,
+                          min=fi.smallest_normal * fi.eps)
+    to_mid = 0.5 * spacing - (x.to(dtype).to(torch.float64) - x).abs()
+    return torch.where(torch.isfinite(x) & (to_mid <= err), spacing, torch.zeros_like(x))
+
+
 def _key_multiplicity(key: torch.Tensor, hq: int) -> torch.Tensor:
     """(B, Hq, 1, Nk) float64: how many keys of the same (batch, kv head) equal key j."""
     b, hkv, nk, d = key.shape
@@ -292,6 +305,10 @@ def error_model(
     floor_out = floor_out + (U_ACC / 2) * n_keys * o.abs() * _equal_addends(p, v, ok, -1)
     floor_out, floor_out_acc = floor_out + sub_out, floor_out_acc + half_eta + uf_acc
     bounds["out"] = TensorBound(floor_out, apr_out, floor_out_acc, n_src, share)
+    # O as the kernel stores it, in the dtype: it can round to the other neighbour of O only
+    # where O lies within the kernel's pre-rounding error (the floor less the result's own
+    # rounding) of a rounding midpoint; there it is one spacing off. Used for D_i below.
+    o_flip = _rounding_flip_spacing(o, floor_out - u * o.abs(), tdt)
     lse_sq = lse.squeeze(-1)
     fin = torch.isfinite(lse_sq)
     apr_lse = pe.squeeze(-1) + _gamma(nk) + 2 * U_ACC + U_ACC * torch.where(
@@ -359,13 +376,20 @@ def error_model(
     # (dS_ij = P_ij (dP_ij - D_i)) by -P_ij delta_i, delta_i = ||dO_i o that||_2. It moves
     # dq_i by scale delta_i |(P K)_i| (coherent over j) and dk_j by scale ||P_:j delta o Q||_2
     # (rows independent); it dominates where dS cancels and |P K| is large (fp32, D = 1: an
-    # error of 6e-6 against a floor of 6e-6 without it). O's rounding to the dtype is left
-    # out: where it matters (a near one-hot row, O next to a representable V_j) its error is
-    # P's small part, not independent over d, and its shift of D_i cancels against dS (a
-    # quadrature model put the floor 30x above our kernel's error, fp16 large logits).
+    # error of 6e-6 against a floor of 6e-6 without it). O's rounding to the dtype is not a
+    # u|O| term everywhere: in a near one-hot row O is next to a representable V_j, every
+    # kernel rounds it alike and its shift of D_i cancels against dS (such a term put the
+    # floor 30x above our kernel's error, fp16 large logits). Only where the stored O may
+    # round the other way does it count (o_flip, below).
     acc_o = U_ACC * torch.sqrt(n_keys) * pv
     delta = torch.sqrt(((do * acc_o) ** 2).sum(-1, keepdim=True))
-    dq_acc = dq_acc + scale * delta * (p @ k).abs()
+    # Where O's stored value may round the other way (o_flip), D_i moves by dO_id times one
+    # spacing, independently over d. It moves dq_i coherently over j, as above: an FA1-order
+    # kernel (normalised accumulator) on fp16 normal(30), scale 0.5, was 2.2x the dq floor
+    # without it. Elsewhere O is the rounding every kernel makes and shifts nothing (a
+    # one-hot row's O is a representable V_j).
+    delta_q = torch.sqrt(delta * delta + ((do * o_flip) ** 2).sum(-1, keepdim=True))
+    dq_acc = dq_acc + scale * delta_q * (p @ k).abs()
     # For dk the rows' shifts add in quadrature over i, and there O's rounding to the dtype
     # counts too (typical size u |O_id| / sqrt(3), the deviation of a rounding uniform on
     # [-u|O|, u|O|], independent over d): a kernel that keeps P and dS in fp32 but takes D_i
