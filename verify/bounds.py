@@ -308,7 +308,19 @@ def error_model(
     # O as the kernel stores it, in the dtype: it can round to the other neighbour of O only
     # where O lies within the kernel's pre-rounding error (the floor less the result's own
     # rounding) of a rounding midpoint; there it is one spacing off. Used for D_i below.
-    o_flip = _rounding_flip_spacing(o, floor_out - u * o.abs(), tdt)
+    # The pre-rounding error: P's own rounding to the dtype (0 where P is representable: a
+    # one-key row's P = 1 gives O = V_j exactly in every kernel), the fp32 accumulation
+    # and the score rounding, as in floor_out.
+    p_res = torch.where(ok, (p.to(tdt).to(f64) - p).abs(), torch.zeros_like(p)) if (
+        tdt in (torch.float16, torch.bfloat16)) else u * p
+    # Score rounding through P here without the independence shortcut of dp_s: dP_ij / P_ij
+    # = ds_ij (1 - P_ij) - sum_{k != j} P_ik ds_ik, so a one-hot row's P moves by ~0 (dp_s
+    # would give its full es and flag every O of a large-logit row).
+    pes2 = (mult * (p * es) ** 2).sum(-1, keepdim=True)
+    dp_x = p * torch.sqrt(torch.clamp(es * es * (1 - p) ** 2 + pes2 - (p * es) ** 2, min=0))
+    o_pre = (FLOOR_C * torch.sqrt((p_res * p_res) @ (av * av))
+             + U_ACC * torch.sqrt(n_keys) * pv + torch.sqrt((mult * dp_x * dp_x) @ (v * v)))
+    o_flip = _rounding_flip_spacing(o, o_pre, tdt)
     lse_sq = lse.squeeze(-1)
     fin = torch.isfinite(lse_sq)
     apr_lse = pe.squeeze(-1) + _gamma(nk) + 2 * U_ACC + U_ACC * torch.where(
@@ -390,12 +402,11 @@ def error_model(
     # one-hot row's O is a representable V_j).
     delta_q = torch.sqrt(delta * delta + ((do * o_flip) ** 2).sum(-1, keepdim=True))
     dq_acc = dq_acc + scale * delta_q * (p @ k).abs()
-    # For dk the rows' shifts add in quadrature over i, and there O's rounding to the dtype
-    # counts too (typical size u |O_id| / sqrt(3), the deviation of a rounding uniform on
-    # [-u|O|, u|O|], independent over d): a kernel that keeps P and dS in fp32 but takes D_i
-    # from its rounded O gets no cancellation against a rounded P (bf16, D = 1, large
-    # logits: dk at 1.07x the floor without it).
-    delta_k = torch.sqrt(delta * delta + ((do * u * o) ** 2).sum(-1, keepdim=True) / 3)
+    # For dk the rows' shifts add in quadrature over i, and there O stored one spacing off
+    # (o_flip) counts too: a kernel that keeps P and dS in fp32 but takes D_i from its
+    # rounded O gets no cancellation against a rounded P (bf16, D = 1, large logits: dk at
+    # 1.07x the floor without it).
+    delta_k = torch.sqrt(delta * delta + ((do * o_flip) ** 2).sum(-1, keepdim=True))
     dk_acc = dk_acc + scale * torch.sqrt((rmult * (p * delta_k) ** 2).transpose(-1, -2)
                                          @ (q * q))
     dk_acc = dk_acc + scale * torch.sqrt((rmult * dds * dds).transpose(-1, -2) @ (q * q))
