@@ -179,9 +179,16 @@ def test_self_test_false_alarms_pass(name, case, device):
 
 
 # Open false alarms found by `flashcheck mutants --budget-s 480` (docs/bounds.md, "Known
-# gaps"): one element, at the edge of its tolerance. Not strict: it turns on how this
-# machine's BLAS rounds.
+# gaps"), at the edge of their tolerance. Not strict: they turn on how the machine's BLAS
+# rounds (the second passes under the current floor on this machine).
 OPEN_FALSE_ALARMS = [
+    # bf16 dominant(20) rows, scale 3, dO = 1: fp32_throughout's dq and dk RMSE at 1.22 and
+    # 1.25x the RMSE rule (no element off); it fails under the earlier bounds as well
+    ("fp32_throughout", Case(B=2, Hq=2, Hkv=2, Nq=59, Nk=21, D=128, dtype="bfloat16",
+                             mask={"kind": "block_sparse", "shape": "bhqk", "block": 16,
+                                   "density": 0.125},
+                             scale=3.0, dist={"kind": "dominant", "margin": 20.0},
+                             grad_dist={"kind": "constant", "value": 1.0}, seed=62)),
     # fp16 outliers, window: dk at 3.0x the baseline's max error (K_RULE's edge)
     ("fp32_throughout", Case(B=2, Hq=2, Hkv=2, Nq=49, Nk=59, D=40, dtype="float16",
                              window=(24, -1), dist={"kind": "outliers", "p": 0.01,

@@ -345,7 +345,8 @@ def render_markdown(st: SelfTest) -> str:
         "",
         f"**{st.n_killed}/{len(st.kills)} mutants killed**"
         + (f", median time to kill {med:.1f} s" if med is not None else "")
-        + f"; **{st.n_false_alarms} false alarms** in {len(st.controls)} controls.",
+        + f"; **{st.n_false_alarms} false alarm{'' if st.n_false_alarms == 1 else 's'}** in "
+        f"{len(st.controls)} controls.",
         "",
         "## Kill table",
         "",
