@@ -162,16 +162,21 @@ def _equal_addends(a: torch.Tensor, b: torch.Tensor, ok: torch.Tensor, over: int
     return (a_eq & b_eq).to(torch.float64)
 
 
-def _row_multiplicity(query: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
-    """(B, Hq, Nq, 1) float64: how many rows i of the same (batch, head) have the same
-    (Q_i, dO_i) as row i."""
-    b, h, n, d = query.shape
-    head = torch.arange(b * h, device=query.device).repeat_interleave(n)
-    rows = torch.cat([head[:, None].to(torch.float64),
-                      query.detach().reshape(-1, d).to(torch.float64),
-                      grad_out.detach().reshape(-1, d).to(torch.float64)], dim=1)
+def _identical_rows(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, N) float64: how many rows of x (B, H, N, F) in the same (batch, head) equal
+    each row (each row is tagged with its block, so one torch.unique serves all blocks)."""
+    b, h, n, f = x.shape
+    tag = torch.arange(b * h, device=x.device).repeat_interleave(n)
+    rows = torch.cat([tag[:, None].to(torch.float64),
+                      x.detach().reshape(-1, f).to(torch.float64)], dim=1)
     _, inverse, counts = torch.unique(rows, dim=0, return_inverse=True, return_counts=True)
-    return counts[inverse].reshape(b, h, n, 1).to(torch.float64)
+    return counts[inverse].reshape(b, h, n).to(torch.float64)
+
+
+def _row_multiplicity(query: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
+    """(B, Hq, Nq, 1): how many rows i of the same (batch, head) have the same (Q_i, dO_i)."""
+    return _identical_rows(torch.cat([query.detach().to(torch.float64),
+                                      grad_out.detach().to(torch.float64)], -1))[..., None]
 
 
 def _rounding_flip_spacing(x: torch.Tensor, err: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -188,14 +193,8 @@ def _rounding_flip_spacing(x: torch.Tensor, err: torch.Tensor, dtype: torch.dtyp
 
 
 def _key_multiplicity(key: torch.Tensor, hq: int) -> torch.Tensor:
-    """(B, Hq, 1, Nk) float64: how many keys of the same (batch, kv head) equal key j."""
-    b, hkv, nk, d = key.shape
-    head = torch.arange(b * hkv, device=key.device).repeat_interleave(nk)
-    rows = torch.cat([head[:, None].to(torch.float64),
-                      key.detach().reshape(-1, d).to(torch.float64)], dim=1)
-    _, inverse, counts = torch.unique(rows, dim=0, return_inverse=True, return_counts=True)
-    m = counts[inverse].reshape(b, hkv, 1, nk).to(torch.float64)
-    return _expand_kv(m, hq)
+    """(B, Hq, 1, Nk): how many keys of the same (batch, kv head) equal key j."""
+    return _expand_kv(_identical_rows(key)[:, :, None, :], hq)
 
 
 def error_model(
@@ -276,7 +275,8 @@ def error_model(
     # term in a sum over keys is weighted by its multiplicity m_j (1 for distinct keys).
     # Tied fp32 keys (dist=ties(4), scale 3) put correct kernels' out at 1.3x without it.
     mult = _key_multiplicity(key, hq)
-    dp_s = p * torch.sqrt(es * es + (mult * (p * es) ** 2).sum(-1, keepdim=True))
+    pes2 = (mult * (p * es) ** 2).sum(-1, keepdim=True)  # the row's normaliser, squared
+    dp_s = p * torch.sqrt(es * es + pes2)
     pv = p @ av
     bounds: dict[str, TensorBound] = {}
     apr_out = eps_p @ av + (_gamma(nk) + 2 * u_op) * pv + u * o.abs()
@@ -305,22 +305,6 @@ def error_model(
     floor_out = floor_out + (U_ACC / 2) * n_keys * o.abs() * _equal_addends(p, v, ok, -1)
     floor_out, floor_out_acc = floor_out + sub_out, floor_out_acc + half_eta + uf_acc
     bounds["out"] = TensorBound(floor_out, apr_out, floor_out_acc, n_src, share)
-    # O as the kernel stores it, in the dtype: it can round to the other neighbour of O only
-    # where O lies within the kernel's pre-rounding error (the floor less the result's own
-    # rounding) of a rounding midpoint; there it is one spacing off. Used for D_i below.
-    # The pre-rounding error: P's own rounding to the dtype (0 where P is representable: a
-    # one-key row's P = 1 gives O = V_j exactly in every kernel), the fp32 accumulation
-    # and the score rounding, as in floor_out.
-    p_res = torch.where(ok, (p.to(tdt).to(f64) - p).abs(), torch.zeros_like(p)) if (
-        tdt in (torch.float16, torch.bfloat16)) else u * p
-    # Score rounding through P here without the independence shortcut of dp_s: dP_ij / P_ij
-    # = ds_ij (1 - P_ij) - sum_{k != j} P_ik ds_ik, so a one-hot row's P moves by ~0 (dp_s
-    # would give its full es and flag every O of a large-logit row).
-    pes2 = (mult * (p * es) ** 2).sum(-1, keepdim=True)
-    dp_x = p * torch.sqrt(torch.clamp(es * es * (1 - p) ** 2 + pes2 - (p * es) ** 2, min=0))
-    o_pre = (FLOOR_C * torch.sqrt((p_res * p_res) @ (av * av))
-             + U_ACC * torch.sqrt(n_keys) * pv + torch.sqrt((mult * dp_x * dp_x) @ (v * v)))
-    o_flip = _rounding_flip_spacing(o, o_pre, tdt)
     lse_sq = lse.squeeze(-1)
     fin = torch.isfinite(lse_sq)
     apr_lse = pe.squeeze(-1) + _gamma(nk) + 2 * U_ACC + U_ACC * torch.where(
@@ -329,6 +313,21 @@ def error_model(
     bounds["lse"] = TensorBound(apr_lse, apr_lse, apr_lse, n_src, share)
     if grad_out is None:
         return bounds
+
+    # O as the kernel stores it, in the dtype: it can round to the other neighbour of O only
+    # where O lies within the kernel's pre-rounding error (o_pre) of a rounding midpoint;
+    # there it is one spacing off. Used for D_i below. The pre-rounding error: P's own
+    # rounding to the dtype (0 where P is representable: a one-key row's P = 1 gives
+    # O = V_j exactly in every kernel), the fp32 accumulation and the score rounding.
+    p_res = torch.where(ok, (p.to(tdt).to(f64) - p).abs(), torch.zeros_like(p)) if (
+        tdt in (torch.float16, torch.bfloat16)) else u * p
+    # Score rounding through P here without the independence shortcut of dp_s: dP_ij / P_ij
+    # = ds_ij (1 - P_ij) - sum_{k != j} P_ik ds_ik, so a one-hot row's P moves by ~0 (dp_s
+    # would give its full es and flag every O of a large-logit row).
+    dp_x = p * torch.sqrt(torch.clamp(es * es * (1 - p) ** 2 + pes2 - (p * es) ** 2, min=0))
+    o_pre = (FLOOR_C * torch.sqrt((p_res * p_res) @ (av * av))
+             + U_ACC * torch.sqrt(n_keys) * pv + torch.sqrt((mult * dp_x * dp_x) @ (v * v)))
+    o_flip = _rounding_flip_spacing(o, o_pre, tdt)
 
     do = grad_out.detach().to(f64)
     ado = do.abs()
@@ -400,14 +399,13 @@ def error_model(
     # kernel (normalised accumulator) on fp16 normal(30), scale 0.5, was 2.2x the dq floor
     # without it. Elsewhere O is the rounding every kernel makes and shifts nothing (a
     # one-hot row's O is a representable V_j).
-    delta_q = torch.sqrt(delta * delta + ((do * o_flip) ** 2).sum(-1, keepdim=True))
-    dq_acc = dq_acc + scale * delta_q * (p @ k).abs()
-    # For dk the rows' shifts add in quadrature over i, and there O stored one spacing off
-    # (o_flip) counts too: a kernel that keeps P and dS in fp32 but takes D_i from its
-    # rounded O gets no cancellation against a rounded P (bf16, D = 1, large logits: dk at
-    # 1.07x the floor without it).
-    delta_k = torch.sqrt(delta * delta + ((do * o_flip) ** 2).sum(-1, keepdim=True))
-    dk_acc = dk_acc + scale * torch.sqrt((rmult * (p * delta_k) ** 2).transpose(-1, -2)
+    delta = torch.sqrt(delta * delta + ((do * o_flip) ** 2).sum(-1, keepdim=True))
+    dq_acc = dq_acc + scale * delta * (p @ k).abs()
+    # For dk the rows' shifts add in quadrature over i; the one-spacing part of delta counts
+    # there too: a kernel that keeps P and dS in fp32 but takes D_i from its rounded O gets
+    # no cancellation against a rounded P (bf16, D = 1, large logits: dk at 1.07x the floor
+    # without it).
+    dk_acc = dk_acc + scale * torch.sqrt((rmult * (p * delta) ** 2).transpose(-1, -2)
                                          @ (q * q))
     dk_acc = dk_acc + scale * torch.sqrt((rmult * dds * dds).transpose(-1, -2) @ (q * q))
     dv_acc = dv_acc + torch.sqrt((rmult * dp_s * dp_s).transpose(-1, -2) @ (do * do))
