@@ -56,6 +56,22 @@ def _stages(allowed, bias, scale):
     ]
 
 
+def _row(stage, a, b, size, spacing) -> dict:
+    """One table row: the largest |a - b| where both are finite, in subnormal spacings and
+    relative to ``size``, with its index and both values (``device_value`` is a's,
+    ``cpu_value`` b's: the CPU's, or for a backend row against float64 the reference's)."""
+    fa, fb = torch.isfinite(a), torch.isfinite(b)
+    diff = torch.where(fa & fb, (a.double() - b.double()).abs(),
+                       torch.zeros((), dtype=torch.float64))
+    worst = int(diff.argmax())
+    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), diff.shape))
+    big = float(diff.max())
+    return {"stage": stage, "max_diff": big, "in_subnormal_spacings": big / spacing,
+            "relative_to_max": big / size if size else 0.0,
+            "nonfinite_mismatch": int((fa != fb).sum()), "worst_index": idx,
+            "device_value": float(a[idx]), "cpu_value": float(b[idx])}
+
+
 def _backend_grads(inp, allowed, bias, is_causal, device):
     """dq, dk, dv of the math backend on ``device`` (the case's mask as an additive mask,
     unless plain causal)."""
@@ -86,18 +102,10 @@ def _backend_rows(case, inp, allowed, bias, device, spacing):
     rows = []
     for n in ("dq", "dk", "dv"):
         want = ref[n].cpu().double()
-        errs = {w: (g[n].double() - want).abs() for w, g in (("device", dev), ("cpu", cpu))}
-        errs["device vs cpu"] = (dev[n].double() - cpu[n].double()).abs()
-        for what, e in errs.items():
-            worst = int(e.argmax())
-            idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), e.shape))
-            rows.append({"stage": f"backend {n}: {what}", "max_diff": float(e.max()),
-                         "in_subnormal_spacings": float(e.max() / spacing),
-                         "relative_to_max": float(e.max() / want.abs().max())
-                         if float(want.abs().max()) else 0.0,
-                         "nonfinite_mismatch": 0, "worst_index": idx,
-                         "device_value": float(dev[n][idx]), "cpu_value": float(cpu[n][idx])
-                         if what != "device" else float(want[idx])})
+        size = float(want.abs().max())
+        for what, a, b in (("device", dev[n], want), ("cpu", cpu[n], want),
+                           ("device vs cpu", dev[n], cpu[n])):
+            rows.append(_row(f"backend {n}: {what}", a, b, size, spacing))
     return rows
 
 
@@ -123,20 +131,9 @@ def main(argv=None) -> int:
     for name, fn, ins, out in _stages(allowed, bias, scale):
         cpu = fn(*(env[n] for n in ins))
         dev = fn(*(env[n].to(args.device) for n in ins)).cpu()
-        fin = torch.isfinite(cpu) & torch.isfinite(dev)
-        diff = torch.where(fin, (dev.double() - cpu.double()).abs(),
-                           torch.zeros((), dtype=torch.float64))
-        worst = int(diff.argmax())
-        idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), diff.shape))
         finite = cpu.double().abs()[torch.isfinite(cpu)]  # S has -inf where masked
-        size = float(finite.max()) if finite.numel() else 0.0
-        rows.append({"stage": name, "max_diff": float(diff.max()),
-                     "in_subnormal_spacings": float(diff.max() / spacing),
-                     "relative_to_max": float(diff.max()) / size if size else 0.0,
-                     "nonfinite_mismatch": int((torch.isfinite(cpu)
-                                                != torch.isfinite(dev)).sum()),
-                     "worst_index": idx, "device_value": float(dev[idx]),
-                     "cpu_value": float(cpu[idx])})
+        rows.append(_row(name, dev, cpu, float(finite.max()) if finite.numel() else 0.0,
+                         spacing))
         if out is not None:
             env[out] = cpu
     rows += _backend_rows(case, inp, allowed, bias, args.device, spacing)
