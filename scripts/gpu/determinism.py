@@ -45,7 +45,7 @@ def repeat_check(name, iters, B, H, N, D, dtype, **kw):
     t0 = time.perf_counter()
     for _ in range(iters - 1):
         got = _run(q, k, v, do, **kw)
-        for key, a, b in zip(bad, first, got):
+        for key, a, b in zip(bad, first, got, strict=True):
             if not torch.equal(a, b):
                 bad[key] += 1
     torch.cuda.synchronize()

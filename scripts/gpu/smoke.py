@@ -52,10 +52,11 @@ def main() -> int:
         for t in (q, k, v):
             t.requires_grad_(True)
         flops = 4 * B * H * N * N * D * (0.5 if causal else 1.0)
-        impls = {"triton": lambda: kernels.attention(q, k, v, is_causal=causal)}
+        impls = {"triton": lambda q=q, k=k, v=v, causal=causal:
+                 kernels.attention(q, k, v, is_causal=causal)}
         for name, be in (("sdpa-flash", SDPBackend.FLASH_ATTENTION),
                          ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION)):
-            def f(be=be):
+            def f(be=be, q=q, k=k, v=v, causal=causal):
                 with sdpa_kernel(be):
                     return torch.nn.functional.scaled_dot_product_attention(
                         q, k, v, is_causal=causal)
@@ -64,8 +65,9 @@ def main() -> int:
             try:
                 tf = triton.testing.do_bench(f, warmup=50, rep=200, return_mode="median")
                 o = f()
-                tb = triton.testing.do_bench(lambda: torch.autograd.grad(o, (q, k, v), do,
-                                                                         retain_graph=True),
+                tb = triton.testing.do_bench(
+                    lambda o=o, qkv=(q, k, v), do=do: torch.autograd.grad(o, qkv, do,
+                                                                          retain_graph=True),
                                              warmup=50, rep=200, return_mode="median")
                 print(f"causal={causal} {name:11s} fwd {flops / tf / 1e9:6.1f} TFLOP/s  "
                       f"bwd {2.5 * flops / tb / 1e9:6.1f} TFLOP/s", flush=True)
