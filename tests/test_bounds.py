@@ -19,6 +19,9 @@ from verify.bounds import (
     K_RMS,
     K_RULE,
     N_EFF_MIN,
+    U_ACC,
+    _equal_run,
+    _equal_run_error,
     effective_samples,
     error_model,
     rms_tolerance,
@@ -213,10 +216,14 @@ def _floor_and_inputs(case):
 
 
 def _dv_one_row_at_a_time(inp):
-    """dv of an unmasked MHA-or-MQA case (B = 1, Hkv = 1) as one fp32 running sum over every
-    query head's rows, one row at a time (no tiles), and the float64 dv; both (Nk, D)."""
+    """dv of an MHA-or-MQA case (B = 1, Hkv = 1, any mask without dead rows) as one fp32
+    running sum over every query head's rows, one row at a time (no tiles), and the float64
+    dv; both (Nk, D)."""
     q, k, do = (t.double() for t in (inp.query, inp.key, inp.grad_out))
-    p = torch.softmax((q @ k.transpose(-1, -2)) * float(inp.effective_scale), -1)[0]
+    allowed, bias = _allowed_bias(inp)
+    s = (q @ k.transpose(-1, -2)) * float(inp.effective_scale)
+    s = s.masked_fill(~allowed, -math.inf) + (0.0 if bias is None else bias)
+    p = torch.softmax(s, -1)[0]
     want = torch.einsum("hij,hid->jd", p, do[0])
     p32, do32 = p.float(), do[0].float()
     acc = torch.zeros(want.shape, dtype=torch.float32)
@@ -281,6 +288,41 @@ def test_floor_covers_a_running_sum_of_equal_addends():
     assert float(err.max()) > 3e-6  # the coherent error is there (60 u_acc relative)
     ratio = float((err / model["dv"].floor[0, 0]).max())
     assert ratio < 0.5, ratio  # 0.26
+
+
+def test_floor_covers_a_run_of_equal_addends_among_others():
+    """A run of m equal addends among varied ones rounds coherently too.
+
+    Tiny inputs under a sliding window (245 left, 3 right) make P_ij = 1/w_i, w_i the row's
+    window: the rows with a full window share 1/249, so dv_j sums ~100 copies of one number
+    after ~100 distinct ones. On the H200 the blocked fixture's dv was 3.6e-6 off (1.0x its
+    tolerance) when the floor counted equal addends only where every addend was the same; an
+    fp32 running sum one row at a time errs by 4.1e-6 (1.005x that floor).
+    """
+    case = Case(B=1, Hq=1, Hkv=1, Nq=352, Nk=352, D=2, dtype="float32", window=(245, 3),
+                dist={"kind": "tiny", "factor": 1.0},
+                grad_dist={"kind": "constant", "value": 1.0}, seed=0)
+    model, inp = _floor_and_inputs(case)
+    got, want = _dv_one_row_at_a_time(inp)
+    err = (got - want).abs()
+    assert float(err.max()) > 3e-6  # the coherent error is there (~70 u_acc relative)
+    ratio = float((err / model["dv"].floor[0, 0]).max())
+    assert ratio < 0.7, ratio  # 0.45
+
+
+def test_equal_run_counts_the_largest_group_of_live_equal_addends():
+    a = torch.tensor([[[[0.5, 0.25, 0.5, 0.5, 0.0, 0.5]]]], dtype=torch.float64)
+    ok = torch.tensor([[[[True, True, True, True, True, False]]]])
+    b = torch.tensor([[[[2.0, 1.0]] * 6]], dtype=torch.float64)
+    b[..., 3, 1] = 3.0  # column 1 varies over the rows: its sums do not count
+    m, c = _equal_run(a, b, ok, -1)  # 0.5 three times among the live ones; 0 does not round
+    assert m.tolist() == [[[[3.0, 0.0]]]] and c[..., 0].item() == 1.0
+    m2, _ = _equal_run(a.transpose(-1, -2), b[..., :1, :], ok.transpose(-1, -2), -2)
+    assert m2[..., 0].tolist() == [[[3.0]]]
+    # The worst case of m copies: u_acc (m sabs - c m (m - 1) / 2), (m + 1) u_acc sum / 2
+    # when every addend is a copy.
+    full = _equal_run_error(torch.tensor(4.0), torch.tensor(1.0), torch.tensor(4.0))
+    assert float(full) == pytest.approx(U_ACC * 5 / 2 * 4)
 
 
 def test_floor_weights_identical_query_rows_as_one_coherent_group():

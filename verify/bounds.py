@@ -143,23 +143,46 @@ def _group_sum(x: torch.Tensor, hkv: int) -> torch.Tensor:
     return x.reshape(b, hkv, hq // hkv, *x.shape[2:]).sum(2)
 
 
-def _equal_addends(a: torch.Tensor, b: torch.Tensor, ok: torch.Tensor, over: int) -> torch.Tensor:
-    """Where every live addend of a sum is the same number, as a 0/1 float64 tensor.
+def _equal_run(a: torch.Tensor, b: torch.Tensor, ok: torch.Tensor, over: int):
+    """The largest group of equal live addends a_ij b_jd of each sum, and one addend's size.
 
     ``over = -1``: out_id = sum_j a_ij b_jd (a over its last index, b over its rows);
-    ``over = -2``: out_jd = sum_i a_ij b_id. An addend is live where ``ok``; a is compared
-    over the live entries, b over all of its rows (conservative: fewer cases count). Equal
-    means within 1e-9 relative: float64 values of identical rows can differ in their last
-    bits (a BLAS computes tail rows by another path), far below any fp32 rounding."""
-    big = torch.full_like(a, torch.inf)
-    hi = torch.where(ok, a, -big).amax(over, keepdim=True)
-    lo = torch.where(ok, a, big).amin(over, keepdim=True)
-    a_eq = torch.isfinite(hi) & ((hi - lo) <= 1e-9 * torch.maximum(hi.abs(), lo.abs()))
+    ``over = -2``: out_jd = sum_i a_ij b_id. Returns float64 (m, c), each the result's shape:
+    m how many live addends share the most common nonzero value of a, where b is the same on
+    every row of column d (0 elsewhere, and where no value repeats: conservative, fewer sums
+    count), and c = |a b| of that value. Equal means within 1e-9 relative: float64 values of identical rows can differ in
+    their last bits (a BLAS computes tail rows by another path), far below any fp32 rounding.
+    The sort runs only where some column of b is constant (degenerate inputs)."""
     b_hi, b_lo = b.amax(-2, keepdim=True), b.amin(-2, keepdim=True)  # (..., 1, D)
     b_eq = (b_hi - b_lo) <= 1e-9 * torch.maximum(b_hi.abs(), b_lo.abs())
-    if over == -2:
-        a_eq = a_eq.transpose(-1, -2)  # (..., J, 1)
-    return (a_eq & b_eq).to(torch.float64)
+    x, live = (a, ok) if over == -1 else (a.transpose(-1, -2), ok.transpose(-1, -2))
+    shape = torch.broadcast_shapes(x.shape[:-1] + (1,), b_eq.shape)
+    if x.shape[-1] == 0 or not bool(b_eq.any()):
+        zero = torch.zeros(shape, dtype=torch.float64, device=a.device)
+        return zero, zero
+    x = torch.where(live & (x != 0), x, torch.full_like(x, math.nan))  # zeros do not round
+    s = torch.sort(x, -1).values  # NaN (dead) last
+    eq = (s[..., 1:] - s[..., :-1]).abs() <= 1e-9 * torch.maximum(s[..., 1:].abs(),
+                                                                  s[..., :-1].abs())
+    brk = torch.cat([torch.ones_like(s[..., :1], dtype=torch.bool), ~eq], -1)
+    idx = torch.arange(s.shape[-1], device=s.device).expand(s.shape)
+    run = idx - torch.where(brk, idx, torch.zeros_like(idx)).cummax(-1).values + 1
+    run = torch.where(torch.isnan(s), torch.zeros_like(run), run)  # length of the run ending here
+    m, end = run.max(-1, keepdim=True)
+    m = torch.where(m >= 2, m, torch.zeros_like(m))  # one copy is no group (quadrature terms)
+    c = torch.where(m > 0, s.gather(-1, end).abs(), torch.zeros_like(s[..., :1]))
+    return (m.to(torch.float64) * b_eq).expand(shape), (c * b_hi.abs()).expand(shape)
+
+
+def _equal_run_error(m: torch.Tensor, c: torch.Tensor, sabs: torch.Tensor) -> torch.Tensor:
+    """fp32 running-sum error from m equal addends of size c in a sum of absolute size sabs.
+
+    Each addition errs by at most half the spacing of its result, <= u_acc |running sum|, and
+    a running sum is at most sum |addends| less the copies still to come: the k-th copy from
+    the end lands on at most sabs - (k - 1) c. Summed over the m copies:
+    u_acc (m sabs - c m (m - 1) / 2); (m + 1) u_acc |sum| / 2 when every addend is a copy.
+    Equal addends round alike, so these errors add coherently (linearly)."""
+    return U_ACC * torch.clamp(m * sabs - c * m * (m - 1) / 2, min=0.0)
 
 
 def _identical_rows(x: torch.Tensor) -> torch.Tensor:
@@ -297,12 +320,13 @@ def error_model(
     uf_acc = FLOOR_C * HALF_ETA_ACC * torch.sqrt(2 * n_keys)
     sub_out = half_eta * (1.0 + FLOOR_C * torch.sqrt(okf @ (av * av))) + uf_acc
     floor_out = floor_out + eps_ap * pv  # approximate exp2/log2, coherent over the row
-    # A sum of n equal addends (uniform P from tiny or constant inputs times a constant V)
-    # rounds coherently: an fp32 running sum of n copies errs by up to 0.26 n u_acc relative
-    # (measured, n <= 2048; n u_acc / 2 is the worst case, used here), far above the
-    # u_acc sqrt(n) of varied addends. Our FA2 kernel and the blocked fixture hit 2.5-3.3x
-    # u_acc sqrt(n) on such cases on the H200.
-    floor_out = floor_out + (U_ACC / 2) * n_keys * o.abs() * _equal_addends(p, v, ok, -1)
+    # Equal addends (uniform P from tiny or constant inputs times a constant V) round
+    # coherently: an fp32 running sum of n copies errs by up to 0.26 n u_acc relative
+    # (measured, n <= 2048; (n + 1) u_acc / 2 is the worst case), far above the u_acc sqrt(n)
+    # of varied addends. Our FA2 kernel and the blocked fixture hit 2.5-3.3x u_acc sqrt(n) on
+    # such cases on the H200. A run of m copies among other addends counts as well (a sliding
+    # window: the rows with a full window share P = 1/w): _equal_run_error.
+    floor_out = floor_out + _equal_run_error(*_equal_run(p, v, ok, -1), pv)
     floor_out, floor_out_acc = floor_out + sub_out, floor_out_acc + half_eta + uf_acc
     bounds["out"] = TensorBound(floor_out, apr_out, floor_out_acc, n_src, share)
     lse_sq = lse.squeeze(-1)
@@ -349,7 +373,7 @@ def error_model(
     rmult = _row_multiplicity(query, grad_out)
     dv_sq = (rmult * p * p).transpose(-1, -2) @ (ado * ado)
     dv_ref = p.transpose(-1, -2) @ do
-    dv_eq = _equal_addends(p, do, ok, -2)  # equal addends: see floor_out
+    dv_eq = _equal_run(p, do, ok, -2)  # equal addends: see floor_out
     dq_apr = scale * (eps_ds @ ak + (_gamma(nk) + u + 2 * u_op) * (ads @ ak))
     # Floor terms: each dS_ij K_jd rounded (quadrature over j), plus the fp32 cancellation
     # in dP_ij - D_i: two dot products of length D whose fp32 roundings add in quadrature,
@@ -361,14 +385,14 @@ def error_model(
     dq_sq = (scale**2) * ((ds * ds) @ (ak * ak))
     dq_canc = scale * torch.sqrt((canc * canc) @ (ak * ak))
     dq_ref = scale * (ds @ k)
-    dq_eq = _equal_addends(ds, k, ok, -1)
+    dq_eq = _equal_run(ds, k, ok, -1)
     dk_apr = scale * (
         eps_ds.transpose(-1, -2) @ aq + (_gamma(nq) + u + 2 * u_op) * (ads.transpose(-1, -2) @ aq)
     )
     dk_sq = (scale**2) * ((rmult * ds * ds).transpose(-1, -2) @ (aq * aq))
     dk_canc = scale * torch.sqrt((rmult * canc * canc).transpose(-1, -2) @ (aq * aq))
     dk_ref = scale * (ds.transpose(-1, -2) @ q)
-    dk_eq = _equal_addends(ds, q, ok, -2)
+    dk_eq = _equal_run(ds, q, ok, -2)
     # fp32 accumulation over the keys (dq) or the query rows (dk, dv), as for out. Under GQA
     # a shared K/V head's gradient may be one running sum over its whole group's rows (our
     # backward loops the group inside the key tile), so the length is the group's live rows:
@@ -414,10 +438,10 @@ def error_model(
     dq_acc = dq_acc + scale * ((ads * eps_ap) @ ak)
     dk_acc = dk_acc + scale * ((ads * eps_ap).transpose(-1, -2) @ aq)
     dv_acc = dv_acc + (p * eps_ap).transpose(-1, -2) @ ado
-    # Equal addends (see floor_out): n u_acc / 2 of the result, per head (summed over a group).
-    dq_acc = dq_acc + (U_ACC / 2) * n_keys * dq_ref.abs() * dq_eq
-    dk_acc = dk_acc + (U_ACC / 2) * n_acc * dk_ref.abs() * dk_eq
-    dv_acc = dv_acc + (U_ACC / 2) * n_acc * dv_ref.abs() * dv_eq
+    # Equal addends (see floor_out); dk and dv after the group sum, below.
+    dq_acc = dq_acc + _equal_run_error(dq_eq[0], scale * dq_eq[1], scale * (ads @ ak))
+    dk_abs = scale * (ads.transpose(-1, -2) @ aq)
+    dv_abs = p.transpose(-1, -2) @ ado
     # Underflow of each rounded dS_ij (eta/2 |K_jd| or |Q_id|) and P_ij (eta/2 |dO_id|), in
     # quadrature over the summed index; the results' own eta/2 is added below.
     uf_dq = FLOOR_C * HALF_ETA_ACC * torch.sqrt(2 * (n_keys + d))
@@ -436,6 +460,16 @@ def error_model(
         dk_apr = dk_apr + _gamma(g) * dk_ref.abs()
     if g > 1:  # as dk_acc and dv_acc above: summed over the query-head group
         uf_dk, uf_dv = _group_sum(uf_dk, hkv), _group_sum(uf_dv, hkv)
+    # Equal addends in dk and dv: one running sum over the group's rows (see n_acc) may hold
+    # every head's copies, so the group's counts add; the smallest copy is the conservative c.
+    eq_err = {}
+    for name, (m, c), sabs, cs in (("dk", dk_eq, dk_abs, scale), ("dv", dv_eq, dv_abs, 1.0)):
+        c = cs * c
+        if g > 1:
+            m, sabs = _group_sum(m, hkv), _group_sum(sabs, hkv)
+            c = c.reshape(c.shape[0], hkv, g, *c.shape[2:]).amin(2)
+        eq_err[name] = _equal_run_error(m, c, sabs)
+    dk_acc, dv_acc = dk_acc + eq_err["dk"], dv_acc + eq_err["dv"]
     for name, ref, sq, apr, canc, acc, uf in (
         ("dq", dq_ref, dq_sq, dq_apr, dq_canc, dq_acc, uf_dq),
         ("dk", dk_ref, dk_sq, dk_apr, dk_canc, dk_acc, uf_dk),
