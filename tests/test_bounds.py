@@ -336,6 +336,19 @@ def test_floor_weights_identical_query_rows_as_one_coherent_group():
     assert float(model["dk"].floor[0, 0, 5, 0]) > 2 * 1.4e-5
 
 
+def test_floor_weights_rows_storing_the_same_output_as_one_coherent_group():
+    """dP_ij - D_i cancels in fp32, and its roundings depend on dO_i, V_j and the stored O_i
+    only. Under one dominant key (scale 0.01, margin 20) 234 of 238 rows store that key's V
+    as O_i, with dO = 1: their rounding errors are the same number, and add coherently in
+    dk although their Q_i differ. Our kernel's dk was 8.7e-7 off on the H200 against a
+    floor of 3.3e-7 that added those rows in quadrature."""
+    case = Case(B=1, Hq=1, Hkv=1, Nq=238, Nk=238, D=5, dtype="float32", scale=0.01,
+                dist={"kind": "dominant", "margin": 20.0},
+                grad_dist={"kind": "constant", "value": 1.0}, seed=0)
+    model, _ = _floor_and_inputs(case)
+    assert float(model["dk"].floor[0, 0, 81, 3]) > 2 * 8.7e-7  # 2.0e-6
+
+
 def test_effective_samples_counts_distinct_and_heavy_tailed_errors():
     g = torch.Generator().manual_seed(0)
     gauss = torch.randn(4000, generator=g, dtype=torch.float64)
