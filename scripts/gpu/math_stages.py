@@ -16,7 +16,7 @@ Divergence 5 of docs/reports/README.md (sdpa-math, fp32, tied keys, tiny dO: dq 
 subnormal spacings off on CUDA, 18 on the CPU) is what it is for:
 
     python scripts/gpu/math_stages.py \
-        docs/reports/h200/runs/sdpa-math/failures/numerical-9d68678be5.json
+        docs/reports/h200/earlier-failures/sdpa-math/numerical-9d68678be5.json
 """
 
 from __future__ import annotations

@@ -100,9 +100,9 @@ if has throughput; then
 fi
 if has repro; then  # in the background, beside the phases after it
   timeout -s TERM 120 python3 scripts/gpu/math_stages.py \
-    docs/reports/h200/runs/sdpa-math/failures/numerical-9d68678be5.json \
+    docs/reports/h200/earlier-failures/sdpa-math/numerical-9d68678be5.json \
     --out "$R/math_stages.json" > "$R/math_stages.log" 2>&1
-  for f in docs/reports/h200/runs/triton/failures/*.json; do
+  for f in docs/reports/h200/earlier-failures/triton/*.json; do
     for k in triton triton-fa1; do
       el "repro $k $(basename "$f")"
       timeout -s TERM 120 python3 -m verify repro "$f" --kernel $k --device cuda \

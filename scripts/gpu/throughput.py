@@ -63,6 +63,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=None, metavar="S",
                     help="stop the timed pass after S seconds; the rate is over the cases done")
     ap.add_argument("--out", default="throughput.json")
+    ap.add_argument("--failures", default=None, metavar="DIR",
+                    help="write each failing case's file and report here (default: none)")
     args = ap.parse_args(argv)
     if args.device == "cpu":
         import os
@@ -77,7 +79,7 @@ def main(argv=None) -> int:
     # Both modes go through verify.sweep.run_cases, the path of `flashcheck run --jobs J`
     # (one process: the serial loop, which draws the next case's inputs while one runs).
     kernel = resolve_kernel(args.kernel, args.device) if args.jobs == 1 else None
-    kw = dict(kernel_spec=args.kernel, failures_dir=None, quiet=True, jobs=args.jobs)
+    kw = dict(kernel_spec=args.kernel, failures_dir=args.failures, quiet=True, jobs=args.jobs)
     t0 = time.perf_counter()
     run_cases(kernel, base[:args.warmup], args.device, **kw)  # compile (or load) each variant
     res["warmup_s"] = round(time.perf_counter() - t0, 1)
