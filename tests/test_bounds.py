@@ -349,6 +349,21 @@ def test_floor_weights_rows_storing_the_same_output_as_one_coherent_group():
     assert float(model["dk"].floor[0, 0, 81, 3]) > 2 * 8.7e-7  # 2.0e-6
 
 
+def test_floor_allows_the_kernels_unnormalised_p_rounding_at_large_logits():
+    """A kernel rounds p~ = exp(S - m) to the dtype, and p~'s exponent carries the fp32
+    rounding of the row max m: with S = qk c - m as one fused multiply-add, a one-hot row's
+    p~ is 1 +- 3.4e-4 at logits of 1e4, not 1, and rounds to 1 - 2^-11 or 1. O_i then sits
+    one spacing off V_j*, and D_i = rowsum(dO o O) with it. Our FA2 kernel on the H200: dq
+    1.24e-5 and dk 8.2e-6 off where the exact gradients are 0, against floors of 3.9e-6 and
+    4.0e-6 before the floor allowed that residual."""
+    case = Case(B=2, Hq=4, Hkv=4, Nq=127, Nk=127, D=64, dtype="float16",
+                dist={"kind": "large_logits", "target": 10000.0},
+                grad_dist={"kind": "tiny", "factor": 1.0}, seed=107922)
+    model, _ = _floor_and_inputs(case)
+    assert float(model["dq"].floor[1, 3, 27, 34]) > 2 * 1.24e-5  # 2.9e-5
+    assert float(model["dk"].floor[1, 3, 34, 12]) > 2 * 8.2e-6  # 1.8e-5
+
+
 def test_effective_samples_counts_distinct_and_heavy_tailed_errors():
     g = torch.Generator().manual_seed(0)
     gauss = torch.randn(4000, generator=g, dtype=torch.float64)

@@ -345,8 +345,19 @@ def error_model(
     # there it is one spacing off. Used for D_i below. The pre-rounding error: P's own
     # rounding to the dtype (0 where P is representable: a one-key row's P = 1 gives
     # O = V_j exactly in every kernel), the fp32 accumulation and the score rounding.
-    p_res = torch.where(ok, (p.to(tdt).to(f64) - p).abs(), torch.zeros_like(p)) if (
-        tdt in (torch.float16, torch.bfloat16)) else u * p
+    half = tdt in (torch.float16, torch.bfloat16)
+    p_res = torch.where(ok, (p.to(tdt).to(f64) - p).abs(), torch.zeros_like(p)) if half else (
+        u * p)
+    # The value a kernel rounds is its unnormalised p~_ij = exp(S_ij - m_i), whose exponent
+    # carries the fp32 rounding of S_ij and of the row max m_i: relative u_acc (|S_ij| + |m_i|)
+    # (with S = qk c - m as one fused multiply-add, the max key's exponent is the rounding
+    # error of m = fl(max(qk) c): up to 4.9e-4 at logits of 1e4, not 0). Dividing by l cancels it, but not its effect on p~'s rounding: where P
+    # is representable (a one-hot row's P = 1) the kernel's p~ = 1 + delta rounds to
+    # 1 - 2^-11 or to 1. So up to min(delta, u) P more residual. Found on the H200: our FA2
+    # kernel, fp16 logits of 1e4, dO tiny: O_i one spacing off V_j*, dq at 1.9x the floor.
+    p_shift = torch.where(ok & half, p * torch.clamp(U_ACC * (s_fin.abs() + m.abs()), max=u),
+                          torch.zeros_like(p))
+    p_res = p_res + p_shift
     # Score rounding through P here without the independence shortcut of dp_s: dP_ij / P_ij
     # = ds_ij (1 - P_ij) - sum_{k != j} P_ik ds_ik, so a one-hot row's P moves by ~0 (dp_s
     # would give its full es and flag every O of a large-logit row).
@@ -433,6 +444,10 @@ def error_model(
     # without it. Elsewhere O is the rounding every kernel makes and shifts nothing (a
     # one-hot row's O is a representable V_j).
     delta = torch.sqrt(delta * delta + ((do * o_flip) ** 2).sum(-1, keepdim=True))
+    # p~'s extra residual (p_shift) scales O_i's share of V_j by one factor, so it moves D_i
+    # by sum_j p_shift_ij dP_ij: coherent over d, in quadrature over j.
+    delta_p = FLOOR_C * torch.sqrt(((p_shift * dp) ** 2).sum(-1, keepdim=True))
+    delta = torch.sqrt(delta * delta + delta_p * delta_p)
     dq_acc = dq_acc + scale * delta * (p @ k).abs()
     # For dk the rows' shifts add in quadrature over i; the one-spacing part of delta counts
     # there too: a kernel that keeps P and dS in fp32 but takes D_i from its rounded O gets
