@@ -351,10 +351,11 @@ def error_model(
     # The value a kernel rounds is its unnormalised p~_ij = exp(S_ij - m_i), whose exponent
     # carries the fp32 rounding of S_ij and of the row max m_i: relative u_acc (|S_ij| + |m_i|)
     # (with S = qk c - m as one fused multiply-add, the max key's exponent is the rounding
-    # error of m = fl(max(qk) c): up to 4.9e-4 at logits of 1e4, not 0). Dividing by l cancels it, but not its effect on p~'s rounding: where P
-    # is representable (a one-hot row's P = 1) the kernel's p~ = 1 + delta rounds to
-    # 1 - 2^-11 or to 1. So up to min(delta, u) P more residual. Found on the H200: our FA2
-    # kernel, fp16 logits of 1e4, dO tiny: O_i one spacing off V_j*, dq at 1.9x the floor.
+    # error of m = fl(max(qk) c): up to 4.9e-4 at logits of 1e4, not 0). Dividing by l
+    # cancels it, but not its effect on p~'s rounding: where P is representable (a one-hot
+    # row's P = 1) the kernel's p~ = 1 + delta rounds to 1 - 2^-11 or to 1. So up to
+    # min(delta, u) P more residual. Found on the H200: our FA2 kernel, fp16 logits of 1e4,
+    # dO tiny: O_i one spacing off V_j*, dq at 1.9x the floor.
     p_shift = torch.where(ok & half, p * torch.clamp(U_ACC * (s_fin.abs() + m.abs()), max=u),
                           torch.zeros_like(p))
     p_res = p_res + p_shift
