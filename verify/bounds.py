@@ -379,16 +379,17 @@ def error_model(
         -1, keepdim=True
     )
     eps_ds = eps_p * (dp - drow).abs() + p * (eps_dp + eps_drow) + (u + U_ACC) * ads
-    dv_apr = eps_p.transpose(-1, -2) @ ado + (_gamma(nq) + u + 2 * u_op) * (
-        p.transpose(-1, -2) @ ado
-    )
+    # The sums of |terms| of dq, dk, dv (before scale): each feeds the a-priori bound, the
+    # fp32 accumulation term and the equal-addends term below.
+    ads_ak, adst_aq, pt_ado = ads @ ak, ads.transpose(-1, -2) @ aq, p.transpose(-1, -2) @ ado
+    dv_apr = eps_p.transpose(-1, -2) @ ado + (_gamma(nq) + u + 2 * u_op) * pt_ado
     # Identical query rows (and dO rows) give identical terms and errors in the sums over
     # rows (dk, dv): weighted by their multiplicity, as keys are in the sums over keys.
     rmult = _row_multiplicity(query, grad_out)
     dv_sq = (rmult * p * p).transpose(-1, -2) @ (ado * ado)
     dv_ref = p.transpose(-1, -2) @ do
     dv_eq = _equal_run(p, do, ok, -2)  # equal addends: see floor_out
-    dq_apr = scale * (eps_ds @ ak + (_gamma(nk) + u + 2 * u_op) * (ads @ ak))
+    dq_apr = scale * (eps_ds @ ak + (_gamma(nk) + u + 2 * u_op) * ads_ak)
     # Floor terms: each dS_ij K_jd rounded (quadrature over j), plus the fp32 cancellation
     # in dP_ij - D_i: two dot products of length D whose fp32 roundings add in quadrature,
     # which is all a one-key row (Nk = 1, true gradient 0) leaves; again over j.
@@ -401,7 +402,7 @@ def error_model(
     dq_ref = scale * (ds @ k)
     dq_eq = _equal_run(ds, k, ok, -1)
     dk_apr = scale * (
-        eps_ds.transpose(-1, -2) @ aq + (_gamma(nq) + u + 2 * u_op) * (ads.transpose(-1, -2) @ aq)
+        eps_ds.transpose(-1, -2) @ aq + (_gamma(nq) + u + 2 * u_op) * adst_aq
     )
     dk_sq = (scale**2) * ((rmult * ds * ds).transpose(-1, -2) @ (aq * aq))
     # The cancellation's roundings depend on dO_i, V_j and the stored O_i only (D_i comes
@@ -421,9 +422,9 @@ def error_model(
     # added afterwards too (sqrt(n_h) <= sqrt(sum_h n_h)); with sqrt(n_h), one running sum
     # over 3 x 78 rows (fp32, dO = 1) reached 1.45x the floor on the H200.
     n_acc = _expand_kv(_group_sum(n_rows, hkv), hq) if hq != hkv else n_rows
-    dq_acc = U_ACC * torch.sqrt(n_keys) * scale * (ads @ ak)
-    dk_acc = U_ACC * torch.sqrt(n_acc) * scale * (ads.transpose(-1, -2) @ aq)
-    dv_acc = U_ACC * torch.sqrt(n_acc) * (p.transpose(-1, -2) @ ado)
+    dq_acc = U_ACC * torch.sqrt(n_keys) * scale * ads_ak
+    dk_acc = U_ACC * torch.sqrt(n_acc) * scale * adst_aq
+    dv_acc = U_ACC * torch.sqrt(n_acc) * pt_ado
     # Score rounding through P (above) into dS = P (dP - D) and into dV = P^T dO.
     dds = dp_s * (dp - drow).abs()
     dq_acc = dq_acc + scale * torch.sqrt((mult * dds * dds) @ (k * k))
@@ -464,9 +465,7 @@ def error_model(
     dk_acc = dk_acc + scale * ((ads * eps_ap).transpose(-1, -2) @ aq)
     dv_acc = dv_acc + (p * eps_ap).transpose(-1, -2) @ ado
     # Equal addends (see floor_out); dk and dv after the group sum, below.
-    dq_acc = dq_acc + _equal_run_error(dq_eq[0], scale * dq_eq[1], scale * (ads @ ak))
-    dk_abs = scale * (ads.transpose(-1, -2) @ aq)
-    dv_abs = p.transpose(-1, -2) @ ado
+    dq_acc = dq_acc + _equal_run_error(dq_eq[0], scale * dq_eq[1], scale * ads_ak)
     # Underflow of each rounded dS_ij (eta/2 |K_jd| or |Q_id|) and P_ij (eta/2 |dO_id|), in
     # quadrature over the summed index; the results' own eta/2 is added below.
     uf_dq = FLOOR_C * HALF_ETA_ACC * torch.sqrt(2 * (n_keys + d))
@@ -488,7 +487,8 @@ def error_model(
     # Equal addends in dk and dv: one running sum over the group's rows (see n_acc) may hold
     # every head's copies, so the group's counts add; the smallest copy is the conservative c.
     eq_err = {}
-    for name, (m, c), sabs, cs in (("dk", dk_eq, dk_abs, scale), ("dv", dv_eq, dv_abs, 1.0)):
+    for name, (m, c), sabs, cs in (("dk", dk_eq, scale * adst_aq, scale),
+                                   ("dv", dv_eq, pt_ado, 1.0)):
         c = cs * c
         if g > 1:
             m, sabs = _group_sum(m, hkv), _group_sum(sabs, hkv)
