@@ -278,7 +278,10 @@ def test_gate_update_then_pass_then_over_budget(small_sweep, tmp_path, kfile, ca
     assert cli.main([*base, "--update"]) == 0
     assert "+++ b.json (new)" in capsys.readouterr().out
     data = json.loads(budgets.read_text())
-    assert data["format"] == "flashcheck-budgets" and len(data["configs"]) == 3
+    # The three sweep configurations, and the corpus file under its own name.
+    assert data["format"] == "flashcheck-budgets" and len(data["configs"]) == 4
+    assert "regression=reg1 dtype=float32" in data["configs"]
+    assert data["device_model"] == "cpu"
     assert cli.main(base) == 0
     assert "within budget" in capsys.readouterr().out
     # Shrink every budget below the observed ratio: the same run now fails the gate.
@@ -291,6 +294,53 @@ def test_gate_update_then_pass_then_over_budget(small_sweep, tmp_path, kfile, ca
     budgets.write_text(json.dumps({**data, "configs": {"x": {"budget": 1.0}}}))
     assert cli.main(base) == 1
     assert "no committed budget" in capsys.readouterr().out
+
+
+def test_gate_names_a_corpus_case_added_without_its_budget(small_sweep, tmp_path, kfile, capsys):
+    """The committed-budgets workflow: a case copied into the corpus without re-running
+    ``--update`` fails the gate, and the gate names the file."""
+    budgets, corpus = tmp_path / "b.json", tmp_path / "corpus"
+    corpus.mkdir()
+    base = ["gate", "--kernel", f"{kfile}:good", "--device", "cpu", "--budgets", str(budgets),
+            "--corpus", str(corpus), "--out", str(tmp_path / "g"), "--quiet"]
+    assert cli.main([*base, "--update"]) == 0
+    assert cli.main(base) == 0
+    capsys.readouterr()
+    save_case_file(corpus / "new-hazard.json", TINY)
+    assert cli.main(base) == 1
+    out = capsys.readouterr().out
+    assert "unbudgeted: regression case new-hazard.json has no committed budget" in out
+    assert "gate: 1 of 4 configurations over budget or failing" in out
+    assert cli.main([*base, "--update"]) == 0 and cli.main(base) == 0
+    # Removing a budgeted case (or pointing the gate at the wrong corpus) fails too.
+    (corpus / "new-hazard.json").unlink()
+    capsys.readouterr()
+    assert cli.main(base) == 1
+    assert "budgeted regression case not found in the corpus" in capsys.readouterr().out
+
+
+def test_gate_refuses_budgets_of_another_device_model(small_sweep, tmp_path, kfile, capsys):
+    budgets = tmp_path / "b.json"
+    base = ["gate", "--kernel", f"{kfile}:good", "--device", "cpu", "--budgets", str(budgets),
+            "--corpus", str(tmp_path), "--out", str(tmp_path / "g"), "--quiet"]
+    assert cli.main([*base, "--update"]) == 0
+    budgets.write_text(json.dumps({**json.loads(budgets.read_text()),
+                                   "device_model": "NVIDIA H200"}))
+    capsys.readouterr()
+    assert cli.main(base) == 2
+    err = _one_line_error(capsys)
+    assert "no budgets for this device (cpu)" in err and "NVIDIA H200" in err
+
+
+def test_default_budgets_path_by_kernel_and_device(tmp_path, monkeypatch):
+    from verify import gate
+
+    monkeypatch.chdir(tmp_path)
+    assert gate.default_budgets_path("triton", "cpu").name == "triton-cpu.json"
+    assert gate.default_budgets_path("triton", "gpu", "NVIDIA H200").name == \
+        "triton-gpu-NVIDIA_H200.json"
+    user = gate.default_budgets_path("mykern.py:attention", "cpu")
+    assert user == tmp_path / "flashcheck-budgets" / "mykern.py_attention-cpu.json"
 
 
 def test_gate_update_does_not_budget_a_failing_configuration(small_sweep, tmp_path, kfile,

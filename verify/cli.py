@@ -177,17 +177,19 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
     device = settle_device(args.device)
     profile = "gpu" if device == "cuda" else "cpu"
+    model = gate.device_model(device)
     budgets = Path(args.budgets) if args.budgets else gate.default_budgets_path(args.kernel,
-                                                                                profile)
+                                                                                profile, model)
     if not args.update and not budgets.exists():
-        raise UsageError(f"--budgets {budgets}: no such file; create it with "
-                         f"'flashcheck gate --update --kernel {args.kernel}'")
+        raise UsageError(f"--budgets {budgets}: no such file: no budgets for this device "
+                         f"({model}); create them with 'flashcheck gate --update --kernel "
+                         f"{args.kernel} --device {device}' and commit the file")
     corpus = Path(args.corpus) if args.corpus else gate.default_corpus()
     kernel = _resolve(args.kernel, device)
     return gate.run_gate(kernel, kernel_spec=args.kernel, device=device, profile=profile,
                          budgets_path=budgets, corpus=corpus, update=args.update,
                          out=Path(args.out), quiet=args.quiet, command=args.argv,
-                         jobs=args.jobs)
+                         jobs=args.jobs, model=model)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

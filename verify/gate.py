@@ -10,6 +10,16 @@ fails (exit 1) when
 - a configuration that ran has no committed budget (a new configuration must be budgeted on
   purpose, with ``--update``).
 
+Every regression-corpus file is its own budget entry, keyed ``regression=<file stem>`` (with
+its dtype, for the headroom): a corpus case exercises one specific hazard, so its worst ratio
+is tracked on its own instead of being folded into (and hidden by) a sweep configuration. A
+corpus file added without ``--update`` is named as unbudgeted and fails the gate.
+
+Budgets are keyed by device model: the file records ``device_model`` ("cpu", or the CUDA
+device name such as "NVIDIA H200") and the default path carries it for GPUs
+(``<kernel>-gpu-NVIDIA_H200.json``). A run on another model is refused with "no budgets for
+this device" (exit 2) instead of being compared with another GPU's numbers.
+
 A budget is the committed worst ratio times :data:`HEADROOM` of the configuration's dtype.
 ``--update`` rewrites the file from the current run and prints the diff against the committed
 one; a configuration that fails gets no budget (so a budget never enshrines a failure) and
@@ -57,15 +67,42 @@ HEADROOM = {"float16": 1.25, "bfloat16": 1.25, "float32": 3.0}
 RATIO_FLOOR = 2.0**-4
 
 
-def default_budgets_path(kernel_spec: str, profile: str) -> Path:
-    """``verify/budgets/<kernel>-<profile>.json``; the spec is made file-name safe."""
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", kernel_spec).strip("_") or "kernel"
-    return Path(__file__).resolve().parent / "budgets" / f"{safe}-{profile}.json"
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")
+
+
+def device_model(device: str) -> str:
+    """What budgets are keyed by: "cpu" (the Triton interpreter; its arithmetic is the same on
+    any host), or the CUDA device's name (``torch.cuda.get_device_name``)."""
+    if device == "cpu":
+        return "cpu"
+    import torch
+
+    return torch.cuda.get_device_name(torch.device(device))
+
+
+def default_budgets_path(kernel_spec: str, profile: str, model: str = "cpu") -> Path:
+    """Where the budgets of ``kernel_spec`` live when ``--budgets`` is not given.
+
+    Built-in kernels: ``verify/budgets/<kernel>-<profile>[-<model>].json`` inside this package
+    (the model is added for GPUs). Any other spec (``mykern.py:attention``, ``pkg.mod:fn``):
+    ``flashcheck-budgets/<spec>-<profile>[-<model>].json`` under the working directory, i.e.
+    beside the user's kernel repo, never inside the installed package.
+    """
+    from verify.adapters import BUILTINS
+
+    name = _safe(kernel_spec) or "kernel"
+    stem = f"{name}-{profile}" if model == "cpu" else f"{name}-{profile}-{_safe(model)}"
+    root = (Path(__file__).resolve().parent / "budgets" if kernel_spec in BUILTINS
+            else Path.cwd() / "flashcheck-budgets")
+    return root / f"{stem}.json"
 
 
 def default_corpus() -> Path:
-    """``tests/regressions`` of the source checkout this package was imported from."""
-    return Path(__file__).resolve().parents[1] / "tests" / "regressions"
+    """``tests/regressions`` of the source checkout this package was imported from, else of
+    the working directory (an installed package, run from the checkout, as tox does)."""
+    beside = Path(__file__).resolve().parents[1] / "tests" / "regressions"
+    return beside if beside.is_dir() else Path.cwd() / "tests" / "regressions"
 
 
 def corpus_files(corpus: Path) -> list[Path]:
@@ -87,7 +124,7 @@ def budget_for(ratio: float, dtype: str) -> float:
 
 
 def make_budgets(report: dict[str, Any], *, kernel_spec: str, profile: str,
-                 device: str) -> dict[str, Any]:
+                 device: str, model: str = "cpu") -> dict[str, Any]:
     """Budgets from a report: every configuration that passed gets its worst ratio x headroom.
 
     A failing configuration gets none, so a budget never enshrines a failure: the gate keeps
@@ -102,7 +139,7 @@ def make_budgets(report: dict[str, Any], *, kernel_spec: str, profile: str,
                                "budget": float(f"{budget_for(r, c['key']['dtype']):.4g}"),
                                "cases": c["cases"] - c["counts"]["not_run"]}
     return {"format": BUDGETS_FORMAT, "version": BUDGETS_VERSION, "kernel": kernel_spec,
-            "profile": profile, "device": device, "headroom": HEADROOM,
+            "profile": profile, "device": device, "device_model": model, "headroom": HEADROOM,
             "ratio_floor": RATIO_FLOOR, "versions": R.versions(),
             "configs": dict(sorted(configs.items(), key=lambda kv: R._natural(kv[0])))}
 
@@ -129,6 +166,21 @@ def load_budgets(path: Path) -> dict[str, Any]:
     return data
 
 
+def check_device_model(budgets: dict[str, Any], path: Path, model: str) -> None:
+    """ValueError unless ``budgets`` were made on the device model this run uses. A file
+    without the field predates it and was made on the CPU."""
+    made_on = budgets.get("device_model", "cpu")
+    if made_on != model:
+        raise ValueError(f"--budgets {path}: no budgets for this device ({model}); these were "
+                         f"made on {made_on}. Make them here with 'flashcheck gate --update' "
+                         "and commit the file")
+
+
+def regression_key(case_file: Path, dtype: str) -> dict[str, str]:
+    """The configuration key of one corpus file: its own budget entry."""
+    return {"regression": case_file.stem, "dtype": dtype}
+
+
 def compare_to_budgets(report: dict[str, Any], budgets: dict[str, Any]) -> tuple[
         list[dict[str, Any]], list[str]]:
     """Rows (label, ratio, budget, status, why) and the budgeted labels this run never ran."""
@@ -145,6 +197,10 @@ def compare_to_budgets(report: dict[str, Any], budgets: dict[str, Any]) -> tuple
                 f"{k} x{n}" for k, n in c["failure_classes"].items())
         elif c["status"] == "not_run":
             status, why = "not_run", "; ".join(r["reason"] for r in c["not_run"])
+        elif entry is None and "regression" in c["key"]:
+            status, why = "fail", (f"regression case {c['key']['regression']}.json has no "
+                                   "committed budget (run 'flashcheck gate --update' and "
+                                   "commit the budgets file with the case)")
         elif entry is None:
             status, why = "fail", "no committed budget (run 'flashcheck gate --update')"
         elif math.isnan(ratio) or ratio > budget:
@@ -154,7 +210,15 @@ def compare_to_budgets(report: dict[str, Any], budgets: dict[str, Any]) -> tuple
         rows.append({"label": label, "ratio": ratio, "budget": budget, "status": status,
                      "why": why})
     missing = [lab for lab in budgets["configs"] if lab not in seen]
-    return rows, missing
+    # A budgeted regression case that did not run is a lost check (a deleted file, or the
+    # gate pointed at the wrong corpus), never a silent pass.
+    for lab in missing:
+        if lab.startswith("regression="):
+            rows.append({"label": lab, "ratio": None, "budget": budgets["configs"][lab]["budget"],
+                         "status": "fail",
+                         "why": "budgeted regression case not found in the corpus (pass "
+                                "--corpus DIR, or --update if it was removed on purpose)"})
+    return rows, [lab for lab in missing if not lab.startswith("regression=")]
 
 
 def render_gate_table(rows: list[dict[str, Any]]) -> str:
@@ -174,16 +238,22 @@ def diff_text(old: str, new: str, name: str) -> str:
 
 def run_gate(kernel: Any, *, kernel_spec: str, device: str, profile: str, budgets_path: Path,
              corpus: Path, update: bool, out: Path, quiet: bool = False,
-             command: list[str] | None = None, jobs: int = 1) -> int:
-    from verify.strategies import fixed_sweep
+             command: list[str] | None = None, jobs: int = 1, model: str = "cpu") -> int:
+    from verify import strategies
     from verify.sweep import run_cases
 
     budgets = None if update and not budgets_path.exists() else load_budgets(budgets_path)
+    if budgets is not None and not update:
+        check_device_model(budgets, budgets_path, model)
+    files = corpus_files(corpus)
     regressions = load_corpus(corpus)
-    cases = list(fixed_sweep(profile)) + regressions
+    sweep = list(strategies.fixed_sweep(profile))
+    cases = sweep + regressions
     records = run_cases(kernel, cases, device, kernel_spec=kernel_spec,
                         failures_dir=out / "failures", what=f"gate[{profile}]", quiet=quiet,
                         jobs=jobs)
+    for rec, path, case in zip(records[len(sweep):], files, regressions, strict=True):
+        rec["config"] = regression_key(path, case.dtype)
     header = R.make_header(kernel=kernel_spec, device=device, command=command, profile=profile,
                            regressions=len(regressions))
     rep = R.build_report(records, header=header)
@@ -193,7 +263,7 @@ def run_gate(kernel: Any, *, kernel_spec: str, device: str, profile: str, budget
     if update:
         failing = [c["label"] for c in rep["configs"] if c["status"] == "fail"]
         new = budgets_text(make_budgets(rep, kernel_spec=kernel_spec, profile=profile,
-                                        device=device))
+                                        device=device, model=model))
         old = budgets_path.read_text() if budgets_path.exists() else ""
         budgets_path.parent.mkdir(parents=True, exist_ok=True)
         budgets_path.write_text(new)
@@ -209,6 +279,9 @@ def run_gate(kernel: Any, *, kernel_spec: str, device: str, profile: str, budget
     print(render_gate_table(rows))
     for lab in missing:
         print(f"note: budgeted configuration not exercised by this run: {lab}")
+    for r in rows:
+        if r["status"] == "fail" and r["why"].startswith("regression case"):
+            print(f"unbudgeted: {r['why']}")
     bad = [r for r in rows if r["status"] == "fail"]
     print(f"gate: {len(bad)} of {len(rows)} configurations over budget or failing"
           if bad else f"gate: all {len(rows)} configurations within budget")
