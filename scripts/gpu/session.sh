@@ -20,6 +20,8 @@
 #   bash scripts/gpu/session.sh subnormals  which CUDA operations flush subnormal results
 #   bash scripts/gpu/session.sh repro     replays our kernels' committed GPU failure files, and
 #                                         breaks sdpa-math's fp32 subnormal case into stages
+#   bash scripts/gpu/session.sh gate      the CI gate on CUDA: --update (writes this GPU's budgets
+#                                         file, copied to $R), then the gate twice on them
 # Several phases may share one call (session.sh throughput peers); they run in this file's order.
 set -uo pipefail
 : "${1:?phase}"
@@ -61,6 +63,16 @@ if has ncu; then
       python3 scripts/gpu/profile_one.py --impl $impl > "$R/ncu-$impl.log" 2>&1
     el "ncu $impl exit=$?"
   done
+fi
+if has gate; then
+  for step in update run1 run2; do
+    el "gate $step"
+    flag=; [ "$step" = update ] && flag=--update
+    timeout -s TERM "${GATE_S:-240}" python3 -m verify gate --device cuda --jobs "${GATE_JOBS:-12}" \
+      --quiet $flag --out "$R/gate-$step" > "$R/gate-$step.log" 2>&1
+    el "gate $step exit=$?" | tee -a "$R/gate-$step.log"
+  done
+  cp verify/budgets/triton-gpu-*.json "$R/" 2>/dev/null
 fi
 if has verify; then
   # 16 cores: ours and flex compile side by side first (8 workers each); the throughput is
