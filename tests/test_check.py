@@ -201,3 +201,35 @@ def test_captured_tensors_reach_the_kernel_not_a_draw(tmp_path):
         assert torch.equal(drawing.take(1)["query"], described.draw()["query"])
     finally:
         drawing.close()
+
+
+DEAD = Case(B=1, Hq=2, Hkv=2, Nq=12, Nk=16, D=8, dtype="float16",
+            mask={"kind": "dead_rows", "rows": 0.25}, seed=3)
+
+
+def test_non_zero_output_on_fully_masked_rows_is_its_own_class():
+    """The contract (0 on a query row with no allowed key) is checked by itself, so such a
+    kernel reads 'masked_rows', not a numerical failure at some ratio."""
+    def mean_of_v(out, q, k, v):  # what a kernel without the l == 0 guard can return
+        dead = out.detach().abs().amax(-1) == 0
+        return torch.where(dead[..., None], v.mean(dim=2, keepdim=True).expand_as(out), out)
+
+    assert check_case(_wrap(lambda out, q, k, v: out), DEAD, "cpu").status == "pass"
+    v = check_case(_wrap(mean_of_v), DEAD, "cpu")
+    assert (v.status, v.failure) == ("fail", "masked_rows"), v.summary()
+    assert "output non-zero on 6 of 6 fully-masked query rows" in v.reason
+
+
+TINY_OUT = Case(B=1, Hq=1, Hkv=1, Nq=8, Nk=8, D=8, dtype="float16",
+                dist={"kind": "normal", "sigma": 2e-6}, backward=False, seed=4)
+
+
+def test_flushed_subnormals_are_an_observation_unless_strict():
+    def flush(out, q, k, v):
+        return torch.where(out.abs() < 2.0**-14, torch.zeros_like(out), out)
+
+    v = check_case(_wrap(flush), TINY_OUT, "cpu")
+    assert v.observations.get("subnormals_flushed", {}).get("out", 0) > 0, v.summary()
+    strict = check_case(_wrap(flush), TINY_OUT, "cpu", strict_subnormals=True)
+    assert (strict.status, strict.failure) == ("fail", "subnormals_flushed")
+    assert "out" in strict.reason

@@ -20,7 +20,10 @@
 8. Metrics (verify/metrics.py) -> tolerance -> verdict.
 
 Failure classes: ``raised``, ``input_mutated``, ``aliased_output``, ``bad_output`` (shape,
-dtype or device), ``nonfinite``, ``nondeterministic``, ``numerical``.
+dtype or device), ``masked_rows`` (a fully-masked query row's output is not 0),
+``nonfinite``, ``nondeterministic``, ``subnormals_flushed`` (only with
+``strict_subnormals``), ``numerical``. A subnormal result returned as 0 is otherwise an
+observation (``observations["subnormals_flushed"]``: count per tensor), not a failure.
 
 :func:`check_nan_propagation` is a separate observation (reported, never failed): a NaN is
 put into one key (or query) element, and the rows that became NaN are compared with the
@@ -59,8 +62,8 @@ __all__ = ["TensorReport", "Verdict", "check_case", "error_ratio", "check_nan_pr
 # measured in docs/bounds.md, which also bounds the ratio of other tilings to this one).
 BASELINE_BLOCK = (128, 128)
 GRADS = ("dq", "dk", "dv")
-_FAIL_ORDER = ("raised", "input_mutated", "aliased_output", "bad_output", "nonfinite",
-               "nondeterministic", "numerical")
+_FAIL_ORDER = ("raised", "input_mutated", "aliased_output", "bad_output", "masked_rows",
+               "nonfinite", "nondeterministic", "subnormals_flushed", "numerical")
 
 
 def _num(x: float):
@@ -394,6 +397,43 @@ def _report(name: str, got: torch.Tensor, want: torch.Tensor, tol: torch.Tensor,
     )
 
 
+# Smallest positive normal number per input dtype: a non-zero result below it is subnormal.
+_MIN_NORMAL = {torch.float16: 2.0**-14, torch.bfloat16: 2.0**-126, torch.float32: 2.0**-126}
+
+
+def _flushed_subnormals(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> int:
+    """Elements whose exact value rounds to a non-zero subnormal of ``dtype`` and that the
+    kernel returned as exactly 0: a flush-to-zero somewhere on the way (DESIGN §5)."""
+    tiny = _MIN_NORMAL[dtype]
+    w = want.to(dtype).to(torch.float64)
+    sub = (w != 0) & (w.abs() < tiny)
+    return int((sub & (got.to(sub.device) == 0)).sum())
+
+
+def _dead_rows(allowed: torch.Tensor, bias) -> torch.Tensor:
+    """(B|1, H|1, Nq) bool: query rows with no key allowed (every score masked or -inf)."""
+    live = allowed if bias is None else allowed & (bias > -math.inf)
+    return ~live.any(dim=-1)
+
+
+def _masked_rows_nonzero(out: torch.Tensor, dead: torch.Tensor) -> str:
+    """'' when every fully-masked query row of ``out`` is 0 (contracts.md §2), else the
+    divergence: how many rows, and the worst one with its value."""
+    dead = dead.to(out.device).expand(out.shape[:-1])
+    if not bool(dead.any()):
+        return ""
+    mag = torch.where(dead[..., None], out.detach().to(torch.float64).abs().nan_to_num(math.inf),
+                      torch.zeros((), dtype=torch.float64, device=out.device))
+    row_mag = mag.amax(dim=-1)
+    n_bad = int((row_mag > 0).sum())
+    if not n_bad:
+        return ""
+    flat = int(torch.argmax(mag.flatten()))
+    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), mag.shape))
+    return (f"output non-zero on {n_bad} of {int(dead.sum())} fully-masked query rows "
+            f"(contract: 0; worst at {list(idx)}: got {float(out.flatten()[flat]):.4g})")
+
+
 def _to_device_inputs(inputs: Inputs, device: str) -> Inputs:
     moved = {n: (t.to(device) if t is not None else None)
              for n, t in ((n, getattr(inputs, n)) for n in
@@ -406,10 +446,14 @@ def _to_device_inputs(inputs: Inputs, device: str) -> Inputs:
 
 
 def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseline: bool = True,
-               inputs: Inputs | None = None, drawn: dict | None = None) -> Verdict:
+               inputs: Inputs | None = None, drawn: dict | None = None,
+               strict_subnormals: bool = False) -> Verdict:
     """Run ``kernel`` on ``case`` and judge it (module docstring). ``inputs`` given: those
     (captured) tensors instead of ``case.materialize(device)``; ``drawn``: ``case.draw()``
-    done beforehand (a sweep draws the next case while this one runs)."""
+    done beforehand (a sweep draws the next case while this one runs).
+    ``strict_subnormals``: a subnormal result flushed to 0 is a failure
+    (``subnormals_flushed``) instead of an observation, and the flush-to-zero member leaves
+    the family of correct implementations."""
     t_start = time.perf_counter()
     k = as_kernel(kernel, device)
     verdict = Verdict(case=case, kernel=k.spec, device=device, status="not_run")
@@ -539,14 +583,25 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
                                           f"expected {tuple(want.shape)}")
         verdict.tensors[n] = _report(n, g, want, tols[n], apr[n], base_errs.get(n), rms_tols[n],
                                      dt, n_eff.get(n, math.nan))
+    flushed = {n: k for n in verdict.tensors if n != "lse"
+               for k in [_flushed_subnormals(got[n], ref[n], out_dtype)] if k}
+    if flushed:
+        verdict.observations["subnormals_flushed"] = flushed
+    masked = _masked_rows_nonzero(got["out"], _dead_rows(allowed, bias))
     verdict.timings["total"] = time.perf_counter() - t_start
     bad_tensors = [t for t in verdict.tensors.values() if not t.passed]
-    if any(t.note for t in bad_tensors):
+    if masked:
+        verdict.status, verdict.failure, verdict.reason = "fail", "masked_rows", masked
+    elif any(t.note for t in bad_tensors):
         names = ", ".join(t.name for t in bad_tensors if t.note)
         verdict.status, verdict.failure = "fail", "nonfinite"
         verdict.reason = f"NaN/Inf where the reference is finite in {names}"
     elif nondet:
         verdict.status, verdict.failure, verdict.reason = "fail", "nondeterministic", nondet
+    elif strict_subnormals and flushed:
+        verdict.status, verdict.failure = "fail", "subnormals_flushed"
+        verdict.reason = "flushes subnormal results to 0 (--strict-subnormals): " + ", ".join(
+            f"{n} {k}" for n, k in flushed.items())
     elif bad_tensors:
         verdict.status, verdict.failure = "fail", "numerical"
         verdict.reason = "; ".join(t.message() for t in bad_tensors)
