@@ -21,6 +21,15 @@ fp32 inputs are IEEE fp32 (no rounding of P; the fp32 matmul precision is forced
 "highest" during the call, so no TF32). Every matmul is an fp32 matmul of operands already
 rounded to the input dtype, which is what tensor cores do with fp32 accumulation.
 
+That is the default. Keyword switches of ``online_attention`` select the other choices a
+correct kernel makes (reference/family.py names the kernels): ``gqa_reduce`` (GQA dK/dV
+per head in fp32, or rounded per head then summed), ``flush_subnormals`` (FTZ),
+``scale_at`` (scale on the scores, on Q, or folded with log2 e into exp2),
+``p_precision``/``ds_precision`` (P, dS rounded to the input dtype or kept in fp32),
+``ds_scale`` (scale on dS before its rounding or on dQ/dK at the end) and ``tf32`` (fp32
+inputs: matmul operands rounded to TF32 by ``round_tf32``). With every switch at its
+default the arithmetic is bit for bit that of the model before the switches existed.
+
 The (m, ℓ) recurrence is ``online_lse_step``; the tile updates ``tile_step_fa2`` and
 ``tile_step_fa1`` are the same recurrence applied to a block max and a block sum.
 ``emulate_error_bound`` is the a-priori bound on the emulated forward error.
@@ -160,7 +169,7 @@ class _Arith:
         self.gqa_reduce = gqa_reduce
         self.flush = flush_subnormals
         self.scale_at = scale_at
-        self.base2 = scale_at == "exp2"
+        self.base2 = scale_at in ("exp2", "q_exp2")
         self.round_p = p_precision == "input"
         self.round_ds = ds_precision == "input"
         self.ds_before_round = ds_scale == "before_round"
@@ -224,11 +233,11 @@ def _ieee_fp32_matmul():
 def _scores(ar: _Arith, p: Problem, qi, kj, attn_mask, rows, cols):
     """Scaled, masked scores of one tile in the accumulator dtype (in log2 units, i.e.
     times log2(e), when ``scale_at="exp2"``)."""
-    if ar.scale_at == "q":
-        s = ar.mm(ar.rnd(qi * p.scale), kj.transpose(-2, -1))
+    # One accumulator-dtype constant scale·log2(e) in base 2 (FlashAttention-2/3, Triton).
+    c = torch.tensor(p.scale * LOG2E, dtype=ar.acc).item() if ar.base2 else p.scale
+    if ar.scale_at in ("q", "q_exp2"):
+        s = ar.mm(ar.rnd(qi * c), kj.transpose(-2, -1))
     elif ar.base2:
-        # One fp32 constant scale·log2(e), as FlashAttention-2/3 and the Triton tutorial.
-        c = torch.tensor(p.scale * LOG2E, dtype=ar.acc).item()
         s = ar.mm(qi, kj.transpose(-2, -1)) * c
     else:
         s = ar.mm(qi, kj.transpose(-2, -1)) * p.scale
@@ -529,6 +538,38 @@ class _OnlineAttention(torch.autograd.Function):
         )
 
 
+SWITCH_DEFAULTS = dict(
+    gqa_reduce="per_head_fp32", flush_subnormals=False, scale_at="scores",
+    p_precision="input", ds_precision="input", ds_scale="after_round", tf32=False,
+)
+
+
+def _make_arith(dtype, precision, **switches) -> _Arith:
+    """Validate the implementation switches of ``online_attention`` and build its _Arith."""
+    unknown = set(switches) - set(SWITCH_DEFAULTS)
+    if unknown:
+        raise ValueError(
+            f"unknown switch(es) {sorted(unknown)}; expected some of {list(SWITCH_DEFAULTS)}"
+        )
+    sw = {**SWITCH_DEFAULTS, **switches}
+    ar = _Arith(
+        dtype, precision,
+        gqa_reduce=check_choice("gqa_reduce", sw["gqa_reduce"], GQA_REDUCES),
+        flush_subnormals=check_flag("flush_subnormals", sw["flush_subnormals"]),
+        scale_at=check_choice("scale_at", sw["scale_at"], SCALE_ATS),
+        p_precision=check_choice("p_precision", sw["p_precision"], OPERAND_PRECISIONS),
+        ds_precision=check_choice("ds_precision", sw["ds_precision"], OPERAND_PRECISIONS),
+        ds_scale=check_choice("ds_scale", sw["ds_scale"], DS_SCALES),
+        tf32=check_flag("tf32", sw["tf32"]),
+    )
+    if ar.tf32 and (dtype != torch.float32 or precision != "emulate"):
+        raise ValueError(
+            f"tf32: only for float32 inputs with precision='emulate'; got {dtype} "
+            f"with precision={precision!r}"
+        )
+    return ar
+
+
 def online_attention(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
     enable_gqa=False, *, block_m=64, block_n=64, order="fa2", precision="emulate",
@@ -558,7 +599,9 @@ def online_attention(
     - ``scale_at``: ``"scores"`` S = (Q Kᵀ)·scale in the accumulator; ``"q"`` Q·scale
       rounded to the input dtype before the product; ``"exp2"`` S = (Q Kᵀ)·c with the
       single constant c = fl(scale·log2 e), softmax in base 2 (m, ℓ, exp2, lse in log2
-      units; the returned lse is converted back to natural units).
+      units; the returned lse is converted back to natural units); ``"q_exp2"`` Q·c
+      rounded to the input dtype before the product, softmax in base 2. The scale
+      enters dQ and dK as ``ds_scale`` says, with the unscaled Q, whatever ``scale_at``.
     - ``p_precision`` / ``ds_precision``: ``"input"`` P (resp. dS) rounded to the input
       dtype before the P@V and PᵀdO (resp. dS@K and dSᵀQ) products; ``"fp32"`` kept in the
       accumulator dtype.
@@ -575,21 +618,11 @@ def online_attention(
     bn = check_block("block_n", block_n)
     order = check_choice("order", order, ORDERS)
     precision = check_choice("precision", precision, PRECISIONS)
-    ar = _Arith(
-        query.dtype, precision,
-        gqa_reduce=check_choice("gqa_reduce", gqa_reduce, GQA_REDUCES),
-        flush_subnormals=check_flag("flush_subnormals", flush_subnormals),
-        scale_at=check_choice("scale_at", scale_at, SCALE_ATS),
-        p_precision=check_choice("p_precision", p_precision, OPERAND_PRECISIONS),
-        ds_precision=check_choice("ds_precision", ds_precision, OPERAND_PRECISIONS),
-        ds_scale=check_choice("ds_scale", ds_scale, DS_SCALES),
-        tf32=check_flag("tf32", tf32),
+    ar = _make_arith(
+        query.dtype, precision, gqa_reduce=gqa_reduce, flush_subnormals=flush_subnormals,
+        scale_at=scale_at, p_precision=p_precision, ds_precision=ds_precision,
+        ds_scale=ds_scale, tf32=tf32,
     )
-    if tf32 and (query.dtype != torch.float32 or precision != "emulate"):
-        raise ValueError(
-            f"tf32: only for float32 inputs with precision='emulate'; got {query.dtype} "
-            f"with precision={precision!r}"
-        )
     if precision == "exact":
         query, key, value = (t.to(torch.float64) for t in (query, key, value))
     out, lse = _OnlineAttention.apply(query, key, value, attn_mask, p, ar, order, bm, bn)
