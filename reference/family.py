@@ -44,6 +44,7 @@ FAMILY: dict[str, dict] = {
     "q_exp2_prescaled": dict(_BASE, scale_at="q_exp2"),
     "p_ds_fp32": dict(_BASE, p_precision="fp32", ds_precision="fp32"),
     "ds_before_round": dict(_BASE, ds_scale="before_round"),
+    "gqa_group_fp32": dict(_BASE, gqa_reduce="group_fp32"),
     "gqa_per_head_rounded": dict(_BASE, gqa_reduce="per_head_rounded"),
     "gqa_expand_autograd": dict(_BASE, gqa_reduce="expand_autograd"),
     "ftz": dict(_BASE, flush_subnormals=True),
@@ -69,6 +70,9 @@ FAMILY_NOTES: dict[str, str] = {
     "ds_before_round": "dS·scale rounded to the input dtype, dQ/dK not scaled again "
                        "(FlashAttention's Triton backward, flash_attn_triton.py: "
                        "ds = (p * (dp - Di) * softmax_scale).to(q.dtype))",
+    "gqa_group_fp32": "one fp32 dK/dV accumulator per kv head that every query head of the "
+                      "group adds into (Triton GQA kernels looping over the group's heads "
+                      "inside the dK/dV program)",
     "gqa_per_head_rounded": "dK/dV per query head rounded to the input dtype, then summed "
                             "over the group (FlashAttention-2 flash_api.cpp: dk_expanded in "
                             "the input dtype, at::sum over the group)",
@@ -80,7 +84,7 @@ FAMILY_NOTES: dict[str, str] = {
             "allow_tf32 / input_precision='tf32'); only when the kernel declares TF32",
 }
 
-_GQA_MEMBERS = ("gqa_per_head_rounded", "gqa_expand_autograd")
+_GQA_MEMBERS = ("gqa_group_fp32", "gqa_per_head_rounded", "gqa_expand_autograd")
 _LOOP_KEYS = dict(block_m=128, block_n=128, order="fa2")
 
 
@@ -159,7 +163,8 @@ def run_family(
                 # The backward is FA2 whatever the forward's order: it depends on the loop
                 # order only through out and lse, so equal out and lse share it.
                 bkey = (bm, bn, sw["scale_at"], sw["p_precision"], sw["flush_subnormals"],
-                        sw["tf32"], sw["ds_precision"], sw["ds_scale"])
+                        sw["tf32"], sw["ds_precision"], sw["ds_scale"],
+                        sw["gqa_reduce"] == "group_fp32")
                 grads = next((g for o, lg, g in bwd_cache.get(bkey, [])
                               if o is out or (torch.equal(o, out) and torch.equal(lg, lse))),
                              None)

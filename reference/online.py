@@ -23,7 +23,8 @@ rounded to the input dtype, which is what tensor cores do with fp32 accumulation
 
 That is the default. Keyword switches of ``online_attention`` select the other choices a
 correct kernel makes (reference/family.py names the kernels): ``gqa_reduce`` (GQA dK/dV
-per head in fp32, or rounded per head then summed), ``flush_subnormals`` (FTZ),
+per head in fp32, in one fp32 accumulator per kv head, or rounded per head then summed),
+``flush_subnormals`` (FTZ),
 ``scale_at`` (scale on the scores, on Q, or folded with log2 e into exp2),
 ``p_precision``/``ds_precision`` (P, dS rounded to the input dtype or kept in fp32),
 ``ds_scale`` (scale on dS before its rounding or on dQ/dK at the end) and ``tf32`` (fp32
@@ -167,6 +168,7 @@ class _Arith:
             self.operand = dtype
             self.acc = torch.promote_types(dtype, torch.float32)
         self.gqa_reduce = gqa_reduce
+        self.group_acc = gqa_reduce == "group_fp32"
         self.flush = flush_subnormals
         self.scale_at = scale_at
         self.base2 = scale_at in ("exp2", "q_exp2")
@@ -314,35 +316,52 @@ def _forward_fa1(ar, p, q, k, v, attn_mask, bm, bn):
 # ---------------------------------------------------------------- backward pass
 
 
+def _kv_accumulate(ar, p, acc, a, b):
+    """acc + aᵀ·b for a dK or dV tile: per query head (acc (B, Hq, cols, D)), or with
+    ``gqa_reduce="group_fp32"`` into one accumulator per kv head (B, Hkv, cols, D), the
+    group's query heads added one after the other."""
+    if not ar.group_acc:
+        return acc + ar.mm(a.transpose(-2, -1), b)
+    a, b = a.unflatten(1, (p.Hkv, p.group)), b.unflatten(1, (p.Hkv, p.group))
+    for h in range(p.group):
+        acc = acc + ar.mm(a[:, :, h].transpose(-2, -1), b[:, :, h])
+    return acc
+
+
 def _backward_fa2(ar, p, q, k, v, attn_mask, out, lse, dout, bm, bn, want_dbias):
     """Blocked FlashAttention-2 backward; K/V tiles outer. Returns dq, dk, dv, dbias (acc);
-    dk and dv per query head (B, Hq, Nk, D), not yet reduced over a GQA group.
+    dk and dv per query head (B, Hq, Nk, D), not yet reduced over a GQA group, except with
+    ``gqa_reduce="group_fp32"`` (B, Hkv, Nk, D).
 
     ``lse`` is the forward's (in log2 units when ``scale_at="exp2"``)."""
     do = ar.load(dout)
     delta = (do * out).sum(dim=-1)
     lse_shift = torch.where(lse == -torch.inf, torch.zeros_like(lse), lse)
     dq = torch.zeros_like(q)
-    dk = torch.zeros_like(k)
-    dv = torch.zeros_like(v)
+    if ar.group_acc:
+        dk = torch.zeros(p.B, p.Hkv, p.Nk, p.D, dtype=ar.acc, device=q.device)
+        dv = torch.zeros_like(dk)
+    else:
+        dk = torch.zeros_like(k)
+        dv = torch.zeros_like(v)
     dbias = (
         torch.zeros(p.B, p.Hq, p.Nq, p.Nk, dtype=ar.acc, device=q.device) if want_dbias else None
     )
     for cols in _tiles(p.Nk, bn):
         cs = slice(cols[0], cols[1])
         kj, vj = k[:, :, cs], v[:, :, cs]
-        dk_j = torch.zeros_like(kj)
-        dv_j = torch.zeros_like(vj)
+        dk_j = torch.zeros_like(dk[:, :, cs])
+        dv_j = torch.zeros_like(dv[:, :, cs])
         for rows in _tiles(p.Nq, bm):
             rs = slice(rows[0], rows[1])
             qi, do_i = q[:, :, rs], do[:, :, rs]
             s = _scores(ar, p, qi, kj, attn_mask, rows, cols)
             pt = ar.exp(s - lse_shift[:, :, rs].unsqueeze(-1))
-            dv_j = dv_j + ar.mm(ar.rnd_p(pt).transpose(-2, -1), do_i)
+            dv_j = _kv_accumulate(ar, p, dv_j, ar.rnd_p(pt), do_i)
             dp = ar.mm(do_i, vj.transpose(-2, -1))
             ds = ar.ftz(pt * (dp - delta[:, :, rs].unsqueeze(-1)))
             ds_r = ar.rnd_ds(ar.ftz(ds * p.scale) if ar.ds_before_round else ds)
-            dk_j = dk_j + ar.mm(ds_r.transpose(-2, -1), qi)
+            dk_j = _kv_accumulate(ar, p, dk_j, ds_r, qi)
             dq[:, :, rs] += ar.mm(ds_r, kj)
             if dbias is not None:
                 dbias[:, :, rs, cs] = ds
@@ -500,6 +519,8 @@ def _run_backward(ar, p, query, key, value, attn_mask, out, lse, dout, bm, bn, w
 def _reduce_kv_grad(ar, p, g, dtype):
     """A per-query-head dk or dv (B, Hq, Nk, D; acc dtype) -> (B, Hkv, Nk, D) in ``dtype``,
     reduced over each kv head's group as ``gqa_reduce`` says."""
+    if ar.group_acc:
+        return ar.result(g, dtype)  # reduced in the backward's accumulator already
     if ar.gqa_reduce == "per_head_fp32" or p.group == 1:
         return ar.result(p.reduce_kv(g), dtype)
     per_head = ar.result(g, dtype)
@@ -591,9 +612,13 @@ def online_attention(
 
     - ``gqa_reduce``: how dK/dV of a GQA group's query heads become one kv head's
       gradient. ``"per_head_fp32"``: per query head in fp32, summed over the group in
-      fp32, rounded once. ``"per_head_rounded"``: each head's dK/dV rounded to the input
-      dtype, summed in fp32, rounded again. ``"expand_autograd"``: each head's rounded
-      dK/dV reduced in the input dtype by autograd's own backward of the K/V expansion.
+      fp32, rounded once. ``"group_fp32"``: one fp32 accumulator per kv head, into which
+      every query head of the group adds its products tile by tile (heads inner), rounded
+      once. ``"per_head_rounded"``: each head's dK/dV rounded to the input dtype, summed
+      in fp32, rounded again. ``"expand_autograd"``: each head's rounded dK/dV reduced by
+      autograd's own backward of the K/V expansion (``repeat_interleave``) in the input
+      dtype; torch accumulates that sum in fp32, so on the CPU (torch 2.13) it equals
+      ``"per_head_rounded"`` bit for bit.
     - ``flush_subnormals``: flush to zero the subnormals of the input dtype in the
       inputs, in P and dS after rounding and in the results, and those of the
       accumulator dtype in the scores, every exp, every matmul result and the

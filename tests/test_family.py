@@ -120,6 +120,9 @@ def test_gqa_reductions_match_independent_sums(dtype):
     want = torch.autograd.grad(out, (k, v), dout)
     _, _, (_, dk, dv) = _run(kw, dout, block_m=8, block_n=4, gqa_reduce="expand_autograd")
     assert torch.equal(dk, want[0]) and torch.equal(dv, want[1])
+    # torch accumulates that fp16/bf16 sum in fp32 (documented in online_attention): the
+    # same values as per_head_rounded.
+    assert torch.equal(dk, fp32_sum(dk_h)) and torch.equal(dv, fp32_sum(dv_h))
     # The default (one fp32 sum of fp32 per-head values, one rounding) is a different choice.
     _, _, (_, dk0, dv0) = _run(kw, dout, block_m=8, block_n=4)
     assert not (torch.equal(dk0, fp32_sum(dk_h)) and torch.equal(dv0, fp32_sum(dv_h)))
@@ -127,6 +130,32 @@ def test_gqa_reductions_match_independent_sums(dtype):
     for red in ("per_head_rounded", "expand_autograd"):
         got = _run(mha, dout, block_m=8, block_n=4, gqa_reduce=red)[2]
         assert torch.equal(got[1], dk_h) and torch.equal(got[2], dv_h)
+
+
+def test_gqa_group_fp32_is_one_sequential_accumulator():
+    """fp32 inputs, one tile, scale 2^-2 (exact): the group's dK/dV are the per-head
+    gradients added one head after the other in fp32."""
+    kw, dout = _gqa_case(torch.float32)
+    kw["scale"] = 0.25
+    G = 3
+    mha = dict(kw, key=kw["key"].repeat_interleave(G, 1), value=kw["value"].repeat_interleave(G, 1),
+               enable_gqa=False)
+    _, _, (_, dk_h, dv_h) = _run(mha, dout, block_m=32, block_n=32)
+    _, _, (_, dk, dv) = _run(kw, dout, block_m=32, block_n=32, gqa_reduce="group_fp32")
+
+    def sequential(t):
+        t = t.reshape(1, 2, G, *t.shape[2:])
+        acc = torch.zeros_like(t[:, :, 0])
+        for h in range(G):
+            acc = acc + t[:, :, h]
+        return acc
+
+    assert torch.equal(dk, sequential(dk_h)) and torch.equal(dv, sequential(dv_h))
+    # With several tiles it stays within fp32 rounding of the per-head default.
+    _, _, (_, dk, dv) = _run(kw, dout, block_m=4, block_n=8, gqa_reduce="group_fp32")
+    _, _, (_, dk0, dv0) = _run(kw, dout, block_m=4, block_n=8)
+    for a, b in ((dk, dk0), (dv, dv0)):
+        assert (a - b).abs().max() <= 64 * 2.0**-24 * b.abs().max()
 
 
 def _single_tile_forward(q, k, v, scale, *, round_p, op_round=lambda t: t):
@@ -296,7 +325,7 @@ def test_family_table_and_members():
     assert "tf32" not in family_members("bfloat16", gqa=True, tf32=True)  # meaningless
     fp32 = family_members("float32", gqa=True, tf32=True)
     assert "tf32" in fp32 and "p_ds_fp32" not in fp32
-    assert {"gqa_per_head_rounded", "gqa_expand_autograd"} <= set(fp32)
+    assert {"gqa_group_fp32", "gqa_per_head_rounded", "gqa_expand_autograd"} <= set(fp32)
     assert list(fp32) == [n for n in FAMILY if n in fp32]  # table order kept
     fp32["fa2_128"]["block_m"] = 1  # copies: the table is not changed
     assert FAMILY["fa2_128"]["block_m"] == 128
