@@ -62,11 +62,13 @@ FAMILY_NOTES: dict[str, str] = {
     "exp2_folded": "scale·log2(e) folded into one fp32 constant, exp2 (FlashAttention-2/3 "
                    "softmax_scale_log2, the Triton tutorial's qk_scale = sm_scale * 1.44269504)",
     "q_prescaled": "Q·scale rounded to the input dtype before QKᵀ (Triton kernels that do "
-                   "q = (q * sm_scale).to(q.dtype))",
+                   "q = (q * sm_scale).to(q.dtype) with exp)",
     "q_exp2_prescaled": "Q·(scale·log2 e) rounded to the input dtype, exp2 (Triton 2.x tutorial "
                         "and kernels derived from it: q = (q * qk_scale).to(tl.float16))",
-    "p_ds_fp32": "P and dS kept in fp32 for the P@V, PᵀdO, dS@K and dSᵀQ products (the math "
-                 "backend with upcast, fp32-throughout kernels)",
+    "p_ds_fp32": "P and dS kept in fp32 for the P@V, PᵀdO, dS@K and dSᵀQ products "
+                 "(implementations that upcast to fp32 throughout, e.g. "
+                 "naive_attention(upcast=True); not the math SDPA backend, which rounds to "
+                 "the input dtype, DESIGN.md §5)",
     "ds_before_round": "dS·scale rounded to the input dtype, dQ/dK not scaled again "
                        "(FlashAttention's Triton backward, flash_attn_triton.py: "
                        "ds = (p * (dp - Di) * softmax_scale).to(q.dtype))",
@@ -79,7 +81,8 @@ FAMILY_NOTES: dict[str, str] = {
     "gqa_expand_autograd": "K/V expanded with repeat_interleave before an MHA kernel; "
                            "autograd reduces the per-head gradients in the input dtype",
     "ftz": "subnormals flushed to zero in inputs, P, dS, intermediates and results (FTZ "
-           "arithmetic; cuDNN, flash and efficient SDPA kernels on fp16/bf16)",
+           "arithmetic; on the H200 flex, sdpa-flash, sdpa-efficient and sdpa-cudnn flush "
+           "subnormal gradients and cuDNN subnormal bf16 inputs: docs/reports/README.md)",
     "tf32": "every matmul operand rounded to TF32, fp32 accumulation (fp32 kernels with "
             "allow_tf32 / input_precision='tf32'); only when the kernel declares TF32",
 }
