@@ -23,6 +23,11 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
 ORDERS = ("fa2", "fa1")
 PRECISIONS = ("exact", "emulate")
+# The implementation choices of ``online_attention`` (reference/online.py); first = default.
+GQA_REDUCES = ("per_head_fp32", "group_fp32", "per_head_rounded", "expand_autograd")
+SCALE_ATS = ("scores", "q", "exp2", "q_exp2")
+OPERAND_PRECISIONS = ("input", "fp32")
+DS_SCALES = ("after_round", "before_round")
 
 
 @dataclass(frozen=True)
@@ -208,6 +213,11 @@ def check_block(name: str, b: object) -> int:
     if isinstance(b, bool) or not isinstance(b, numbers.Integral) or b < 1:
         raise ValueError(f"{name}: expected an int >= 1; got {b!r}")
     return int(b)
+
+
+def check_flag(name: str, x: object) -> bool:
+    """A keyword switch that must be True or False."""
+    return _check_bool(name, x)
 
 
 def check_choice(name: str, x: object, allowed: tuple[str, ...]) -> str:

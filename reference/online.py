@@ -21,6 +21,16 @@ fp32 inputs are IEEE fp32 (no rounding of P; the fp32 matmul precision is forced
 "highest" during the call, so no TF32). Every matmul is an fp32 matmul of operands already
 rounded to the input dtype, which is what tensor cores do with fp32 accumulation.
 
+That is the default. Keyword switches of ``online_attention`` select the other choices a
+correct kernel makes (reference/family.py names the kernels): ``gqa_reduce`` (GQA dK/dV
+per head in fp32, in one fp32 accumulator per kv head, or rounded per head then summed),
+``flush_subnormals`` (FTZ),
+``scale_at`` (scale on the scores, on Q, or folded with log2 e into exp2),
+``p_precision``/``ds_precision`` (P, dS rounded to the input dtype or kept in fp32),
+``ds_scale`` (scale on dS before its rounding or on dQ/dK at the end) and ``tf32`` (fp32
+inputs: matmul operands rounded to TF32 by ``round_tf32``). With every switch at its
+default the arithmetic is bit for bit that of the model before the switches existed.
+
 The (m, ℓ) recurrence is ``online_lse_step``; the tile updates ``tile_step_fa2`` and
 ``tile_step_fa1`` are the same recurrence applied to a block max and a block sum.
 ``emulate_error_bound`` is the a-priori bound on the emulated forward error.
@@ -41,30 +51,36 @@ import math
 import torch
 
 from ._validate import (
+    DS_SCALES,
+    GQA_REDUCES,
+    OPERAND_PRECISIONS,
     ORDERS,
     PRECISIONS,
+    SCALE_ATS,
     Problem,
     check_attention_args,
     check_block,
     check_choice,
+    check_flag,
 )
 from .masks import combined_mask
 
 # ---------------------------------------------------------------- the (m, ℓ) recurrence
 
 
-def _rescale(m, x):
+def _rescale(m, x, exp=torch.exp):
     """m' = max(m, x) with the factors α = e^(m−m'), β = e^(x−m'); −inf-safe.
 
     When both are −inf, m' = −inf and α = β = 0 (nothing seen yet, nothing added).
-    Works on Python floats and, elementwise, on tensors.
+    Works on Python floats and, elementwise, on tensors (``exp``: the tensor exponential,
+    e.g. ``torch.exp2`` for scores in log2 units).
     """
     if isinstance(m, torch.Tensor) or isinstance(x, torch.Tensor):
         like = m if isinstance(m, torch.Tensor) else x
         m, x = (torch.as_tensor(t, dtype=like.dtype, device=like.device) for t in (m, x))
         m_new = torch.maximum(m, x)
         shift = torch.where(m_new == -torch.inf, torch.zeros_like(m_new), m_new)
-        return m_new, torch.exp(m - shift), torch.exp(x - shift)
+        return m_new, exp(m - shift), exp(x - shift)
     m_new = max(m, x)
     shift = 0.0 if m_new == -math.inf else m_new
     return m_new, math.exp(m - shift), math.exp(x - shift)
@@ -82,53 +98,126 @@ def online_lse_step(m, l, x):
     return m_new, alpha * l + beta
 
 
-def tile_step_fa2(m, l, s):
+def tile_step_fa2(m, l, s, exp=torch.exp):
     """FlashAttention-2 tile update of (m, ℓ) with a tile of scores ``s`` (..., rows, cols).
 
     The recurrence of ``online_lse_step`` with x = the tile's row max and the tile's row sum
     taken in the new frame: m' = max(m, rowmax s), p = e^(s−m'), ℓ' = ℓ·e^(m−m') + rowsum p.
-    Returns (m', ℓ', α = e^(m−m'), p).
+    Returns (m', ℓ', α = e^(m−m'), p). ``exp``: as in ``_rescale``.
     """
-    m_new, alpha, _ = _rescale(m, s.amax(dim=-1))
+    m_new, alpha, _ = _rescale(m, s.amax(dim=-1), exp)
     shift = torch.where(m_new == -torch.inf, torch.zeros_like(m_new), m_new)
-    p = torch.exp(s - shift.unsqueeze(-1))
+    p = exp(s - shift.unsqueeze(-1))
     return m_new, alpha * l + p.sum(dim=-1), alpha, p
 
 
-def tile_step_fa1(m, l, s):
+def tile_step_fa1(m, l, s, exp=torch.exp):
     """FlashAttention-1 tile update: the recurrence with the block max and block sum.
 
     m̃ = rowmax s, p̃ = e^(s−m̃), ℓ̃ = rowsum p̃; then m' = max(m, m̃) and
     ℓ' = ℓ·e^(m−m') + ℓ̃·e^(m̃−m') (``online_lse_step`` is the case ℓ̃ = 1).
-    Returns (m', ℓ', α = e^(m−m'), β = e^(m̃−m'), p̃).
+    Returns (m', ℓ', α = e^(m−m'), β = e^(m̃−m'), p̃). ``exp``: as in ``_rescale``.
     """
     m_blk = s.amax(dim=-1)
     shift = torch.where(m_blk == -torch.inf, torch.zeros_like(m_blk), m_blk)
-    p = torch.exp(s - shift.unsqueeze(-1))
-    m_new, alpha, beta = _rescale(m, m_blk)
+    p = exp(s - shift.unsqueeze(-1))
+    m_new, alpha, beta = _rescale(m, m_blk, exp)
     return m_new, alpha * l + beta * p.sum(dim=-1), alpha, beta, p
 
 
 # ---------------------------------------------------------------- precision plumbing
 
 
-class _Arith:
-    """Where each value lives: operand dtype (rounding) and accumulator dtype."""
+LOG2E = 1.4426950408889634  # log2(e)
+LN2 = 0.6931471805599453  # ln(2)
 
-    def __init__(self, dtype: torch.dtype, precision: str):
+
+def round_tf32(x: torch.Tensor) -> torch.Tensor:
+    """fp32 -> TF32 (10 explicit mantissa bits), kept in fp32.
+
+    Round to nearest, ties away from zero: PTX ``cvt.rna.tf32.f32``, the conversion Triton
+    and CUTLASS emit before a TF32 tensor-core product. inf and NaN are left unchanged.
+    """
+    if x.dtype != torch.float32:
+        raise ValueError(f"round_tf32: expected a float32 tensor; got {x.dtype}")
+    r = ((x.view(torch.int32) + 0x1000) & -0x2000).view(torch.float32)
+    return torch.where(torch.isfinite(x), r, x)
+
+
+def _flush(x: torch.Tensor, tiny: float) -> torch.Tensor:
+    """x with entries of magnitude below ``tiny`` (subnormals) replaced by a signed zero."""
+    return torch.where(x.abs() < tiny, x * 0, x)
+
+
+class _Arith:
+    """Where each value lives (operand dtype = rounding, accumulator dtype) and the
+    implementation choices of one call (the keyword switches of ``online_attention``).
+
+    Every helper is the identity, or the exact operation of the code before the switches
+    existed, when its switch has its default value.
+    """
+
+    def __init__(
+        self, dtype: torch.dtype, precision: str, *, gqa_reduce: str = "per_head_fp32",
+        flush_subnormals: bool = False, scale_at: str = "scores", p_precision: str = "input",
+        ds_precision: str = "input", ds_scale: str = "after_round", tf32: bool = False,
+    ):
         if precision == "exact":
             self.operand = self.acc = torch.float64
         else:
             self.operand = dtype
             self.acc = torch.promote_types(dtype, torch.float32)
+        self.gqa_reduce = gqa_reduce
+        self.group_acc = gqa_reduce == "group_fp32"
+        self.flush = flush_subnormals
+        self.scale_at = scale_at
+        self.base2 = scale_at in ("exp2", "q_exp2")
+        self.round_p = p_precision == "input"
+        self.round_ds = ds_precision == "input"
+        self.ds_before_round = ds_scale == "before_round"
+        self.tf32 = tf32
+
+    def ftz(self, x: torch.Tensor) -> torch.Tensor:
+        """Flush accumulator-dtype subnormals to zero when flushing; else ``x`` itself."""
+        return _flush(x, torch.finfo(self.acc).tiny) if self.flush else x
+
+    def result(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``x`` rounded to ``dtype`` (its subnormals flushed when flushing)."""
+        y = x.to(dtype)
+        return _flush(y, torch.finfo(dtype).tiny) if self.flush else y
+
+    def load(self, t: torch.Tensor) -> torch.Tensor:
+        """An input in the operand dtype (flushed when flushing), held in the acc dtype."""
+        return self.rnd(t)
 
     def rnd(self, x: torch.Tensor) -> torch.Tensor:
-        """Round an accumulator-dtype tensor to the operand dtype (kept in acc dtype)."""
-        return x.to(self.operand).to(self.acc)
+        """Round to the operand dtype, kept in the acc dtype (operand-dtype subnormals
+        flushed when flushing; the flush runs in the acc dtype, same values, faster)."""
+        y = x.to(self.operand).to(self.acc)
+        return _flush(y, torch.finfo(self.operand).tiny) if self.flush else y
+
+    def rnd_p(self, x: torch.Tensor) -> torch.Tensor:
+        """P as the operand of P@V and PᵀdO: rounded (``p_precision="input"``) or not."""
+        return self.rnd(x) if self.round_p else x
+
+    def rnd_ds(self, x: torch.Tensor) -> torch.Tensor:
+        """dS as the operand of dS@K and dSᵀQ: rounded (``ds_precision="input"``) or not."""
+        return self.rnd(x) if self.round_ds else x
+
+    def exp(self, x: torch.Tensor) -> torch.Tensor:
+        """e^x, or 2^x when the scores are in log2 units (``scale_at="exp2"``); flushed."""
+        return self.ftz(torch.exp2(x) if self.base2 else torch.exp(x))
+
+    def log(self, x: torch.Tensor) -> torch.Tensor:
+        """The inverse of ``exp``."""
+        return torch.log2(x) if self.base2 else torch.log(x)
 
     def mm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        """Product of operands already rounded to the operand dtype, accumulated in acc."""
-        return torch.matmul(a, b)
+        """Product of operands already rounded to the operand dtype, accumulated in acc
+        (with ``tf32``: operands rounded to TF32 first, fp32 accumulation)."""
+        if self.tf32:
+            a, b = round_tf32(a), round_tf32(b)
+        return self.ftz(torch.matmul(a, b))
 
 
 @contextlib.contextmanager
@@ -146,15 +235,24 @@ def _ieee_fp32_matmul():
 
 
 def _scores(ar: _Arith, p: Problem, qi, kj, attn_mask, rows, cols):
-    """Scaled, masked scores of one tile in the accumulator dtype."""
-    s = ar.mm(qi, kj.transpose(-2, -1)) * p.scale
+    """Scaled, masked scores of one tile in the accumulator dtype (in log2 units, i.e.
+    times log2(e), when ``scale_at="exp2"``)."""
+    # One accumulator-dtype constant scale·log2(e) in base 2 (FlashAttention-2/3, Triton).
+    c = torch.tensor(p.scale * LOG2E, dtype=ar.acc).item() if ar.base2 else p.scale
+    if ar.scale_at in ("q", "q_exp2"):
+        s = ar.mm(ar.rnd(qi * c), kj.transpose(-2, -1))
+    elif ar.base2:
+        s = ar.mm(qi, kj.transpose(-2, -1)) * c
+    else:
+        s = ar.mm(qi, kj.transpose(-2, -1)) * p.scale
+    s = ar.ftz(s)
     allowed, bias = combined_mask(
         attn_mask, (p.B, p.Hq, p.Nq, p.Nk), is_causal=p.is_causal,
         causal_alignment=p.causal_alignment, window=p.window, rows=rows, cols=cols,
         device=qi.device,
     )
     if bias is not None:
-        s = s + bias.to(ar.acc)
+        s = s + (bias.to(ar.acc) * LOG2E if ar.base2 else bias.to(ar.acc))
     return s.masked_fill(~allowed, -torch.inf)
 
 
@@ -162,12 +260,12 @@ def _tiles(n: int, block: int):
     return [(a, min(a + block, n)) for a in range(0, n, block)]
 
 
-def _finish(acc_o, m, l):
+def _finish(acc_o, m, l, log=torch.log):
     """O = acc/ℓ and lse = m + log ℓ, with 0 and −inf on rows that saw no key."""
     live = l > 0
     l_safe = torch.where(live, l, torch.ones_like(l))
     out = torch.where(live.unsqueeze(-1), acc_o / l_safe.unsqueeze(-1), torch.zeros_like(acc_o))
-    lse = torch.where(live, m + torch.log(l_safe), torch.full_like(l, -torch.inf))
+    lse = torch.where(live, m + log(l_safe), torch.full_like(l, -torch.inf))
     return out, lse
 
 
@@ -185,9 +283,10 @@ def _forward_fa2(ar, p, q, k, v, attn_mask, bm, bn):
         acc_o = torch.zeros(p.B, p.Hq, r, p.D, dtype=ar.acc, device=q.device)
         for cols in _tiles(p.Nk, bn):
             s = _scores(ar, p, qi, k[:, :, cols[0]:cols[1]], attn_mask, rows, cols)
-            m, l, alpha, pt = tile_step_fa2(m, l, s)
-            acc_o = acc_o * alpha.unsqueeze(-1) + ar.mm(ar.rnd(pt), v[:, :, cols[0]:cols[1]])
-        out[:, :, rows[0]:rows[1]], lse[:, :, rows[0]:rows[1]] = _finish(acc_o, m, l)
+            m, l, alpha, pt = tile_step_fa2(m, l, s, ar.exp)
+            acc_o = acc_o * alpha.unsqueeze(-1) + ar.mm(ar.rnd_p(pt), v[:, :, cols[0]:cols[1]])
+            acc_o = ar.ftz(acc_o)
+        out[:, :, rows[0]:rows[1]], lse[:, :, rows[0]:rows[1]] = _finish(acc_o, m, l, ar.log)
     return out, lse
 
 
@@ -201,54 +300,74 @@ def _forward_fa1(ar, p, q, k, v, attn_mask, bm, bn):
             sl = slice(rows[0], rows[1])
             oi, mi, li = o_hbm[:, :, sl], m_hbm[:, :, sl], l_hbm[:, :, sl]
             s = _scores(ar, p, q[:, :, sl], kj, attn_mask, rows, cols)
-            m_new, l_new, alpha, beta, pt = tile_step_fa1(mi, li, s)
-            pv = ar.mm(ar.rnd(pt), vj)
+            m_new, l_new, alpha, beta, pt = tile_step_fa1(mi, li, s, ar.exp)
+            pv = ar.mm(ar.rnd_p(pt), vj)
             num = (li * alpha).unsqueeze(-1) * oi + beta.unsqueeze(-1) * pv
             live = (l_new > 0).unsqueeze(-1)
             l_safe = torch.where(l_new > 0, l_new, torch.ones_like(l_new)).unsqueeze(-1)
-            o_hbm[:, :, sl] = torch.where(live, num / l_safe, torch.zeros_like(num))
+            o_hbm[:, :, sl] = ar.ftz(torch.where(live, num / l_safe, torch.zeros_like(num)))
             m_hbm[:, :, sl], l_hbm[:, :, sl] = m_new, l_new
     live = l_hbm > 0
     l_safe = torch.where(live, l_hbm, torch.ones_like(l_hbm))
-    lse = torch.where(live, m_hbm + torch.log(l_safe), torch.full_like(l_hbm, -torch.inf))
+    lse = torch.where(live, m_hbm + ar.log(l_safe), torch.full_like(l_hbm, -torch.inf))
     return o_hbm, lse
 
 
 # ---------------------------------------------------------------- backward pass
 
 
+def _kv_accumulate(ar, p, acc, a, b):
+    """acc + aᵀ·b for a dK or dV tile: per query head (acc (B, Hq, cols, D)), or with
+    ``gqa_reduce="group_fp32"`` into one accumulator per kv head (B, Hkv, cols, D), the
+    group's query heads added one after the other."""
+    if not ar.group_acc:
+        return acc + ar.mm(a.transpose(-2, -1), b)
+    a, b = a.unflatten(1, (p.Hkv, p.group)), b.unflatten(1, (p.Hkv, p.group))
+    for h in range(p.group):
+        acc = acc + ar.mm(a[:, :, h].transpose(-2, -1), b[:, :, h])
+    return acc
+
+
 def _backward_fa2(ar, p, q, k, v, attn_mask, out, lse, dout, bm, bn, want_dbias):
-    """Blocked FlashAttention-2 backward; K/V tiles outer. Returns dq, dk, dv, dbias (acc)."""
-    do = dout.to(ar.operand).to(ar.acc)
+    """Blocked FlashAttention-2 backward; K/V tiles outer. Returns dq, dk, dv, dbias (acc);
+    dk and dv per query head (B, Hq, Nk, D), not yet reduced over a GQA group, except with
+    ``gqa_reduce="group_fp32"`` (B, Hkv, Nk, D).
+
+    ``lse`` is the forward's (in log2 units when ``scale_at="exp2"``)."""
+    do = ar.load(dout)
     delta = (do * out).sum(dim=-1)
     lse_shift = torch.where(lse == -torch.inf, torch.zeros_like(lse), lse)
     dq = torch.zeros_like(q)
-    dk = torch.zeros_like(k)
-    dv = torch.zeros_like(v)
+    if ar.group_acc:
+        dk = torch.zeros(p.B, p.Hkv, p.Nk, p.D, dtype=ar.acc, device=q.device)
+        dv = torch.zeros_like(dk)
+    else:
+        dk = torch.zeros_like(k)
+        dv = torch.zeros_like(v)
     dbias = (
         torch.zeros(p.B, p.Hq, p.Nq, p.Nk, dtype=ar.acc, device=q.device) if want_dbias else None
     )
     for cols in _tiles(p.Nk, bn):
         cs = slice(cols[0], cols[1])
         kj, vj = k[:, :, cs], v[:, :, cs]
-        dk_j = torch.zeros_like(kj)
-        dv_j = torch.zeros_like(vj)
+        dk_j = torch.zeros_like(dk[:, :, cs])
+        dv_j = torch.zeros_like(dv[:, :, cs])
         for rows in _tiles(p.Nq, bm):
             rs = slice(rows[0], rows[1])
             qi, do_i = q[:, :, rs], do[:, :, rs]
             s = _scores(ar, p, qi, kj, attn_mask, rows, cols)
-            pt = torch.exp(s - lse_shift[:, :, rs].unsqueeze(-1))
-            dv_j = dv_j + ar.mm(ar.rnd(pt).transpose(-2, -1), do_i)
+            pt = ar.exp(s - lse_shift[:, :, rs].unsqueeze(-1))
+            dv_j = _kv_accumulate(ar, p, dv_j, ar.rnd_p(pt), do_i)
             dp = ar.mm(do_i, vj.transpose(-2, -1))
-            ds = pt * (dp - delta[:, :, rs].unsqueeze(-1))
-            ds_r = ar.rnd(ds)
-            dk_j = dk_j + ar.mm(ds_r.transpose(-2, -1), qi)
+            ds = ar.ftz(pt * (dp - delta[:, :, rs].unsqueeze(-1)))
+            ds_r = ar.rnd_ds(ar.ftz(ds * p.scale) if ar.ds_before_round else ds)
+            dk_j = _kv_accumulate(ar, p, dk_j, ds_r, qi)
             dq[:, :, rs] += ar.mm(ds_r, kj)
             if dbias is not None:
                 dbias[:, :, rs, cs] = ds
-        dk[:, :, cs] = dk_j * p.scale
+        dk[:, :, cs] = dk_j if ar.ds_before_round else ar.ftz(dk_j * p.scale)
         dv[:, :, cs] = dv_j
-    return dq * p.scale, dk, dv, dbias
+    return dq if ar.ds_before_round else ar.ftz(dq * p.scale), dk, dv, dbias
 
 
 # ---------------------------------------------------------------- a-priori error bound
@@ -374,18 +493,53 @@ def _sum_to_shape(g: torch.Tensor, shape) -> torch.Tensor:
     return g.sum(dim=dims, keepdim=True) if dims else g
 
 
+def _load_qkv(ar, p, query, key, value):
+    """q, k, v in the operand dtype held in the acc dtype; k and v expanded to Hq heads."""
+    return ar.load(query), p.expand_kv(ar.load(key)), p.expand_kv(ar.load(value))
+
+
+def _run_forward(ar, p, query, key, value, attn_mask, order, bm, bn):
+    """Output (operand dtype) and lse (acc dtype; log2 units when ``scale_at="exp2"``)."""
+    with _ieee_fp32_matmul():
+        q, k, v = _load_qkv(ar, p, query, key, value)
+        fwd = _forward_fa2 if order == "fa2" else _forward_fa1
+        out, lse = fwd(ar, p, q, k, v, attn_mask, bm, bn)
+    return ar.result(out, ar.operand), lse
+
+
+def _run_backward(ar, p, query, key, value, attn_mask, out, lse, dout, bm, bn, want_dbias):
+    """dq (acc), dk and dv per query head (acc), dbias: see ``_backward_fa2``."""
+    with _ieee_fp32_matmul():
+        q, k, v = _load_qkv(ar, p, query, key, value)
+        return _backward_fa2(
+            ar, p, q, k, v, attn_mask, out.to(ar.acc), lse, dout, bm, bn, want_dbias
+        )
+
+
+def _reduce_kv_grad(ar, p, g, dtype):
+    """A per-query-head dk or dv (B, Hq, Nk, D; acc dtype) -> (B, Hkv, Nk, D) in ``dtype``,
+    reduced over each kv head's group as ``gqa_reduce`` says."""
+    if ar.group_acc:
+        return ar.result(g, dtype)  # reduced in the backward's accumulator already
+    if ar.gqa_reduce == "per_head_fp32" or p.group == 1:
+        return ar.result(p.reduce_kv(g), dtype)
+    per_head = ar.result(g, dtype)
+    if ar.gqa_reduce == "per_head_rounded":
+        return ar.result(p.reduce_kv(per_head.to(g.dtype)), dtype)
+    # expand_autograd: whatever autograd's backward of the K/V expansion does, in ``dtype``.
+    leaf = torch.zeros(p.B, p.Hkv, p.Nk, p.D, dtype=dtype, device=g.device, requires_grad=True)
+    with torch.enable_grad():
+        (red,) = torch.autograd.grad(p.expand_kv(leaf), leaf, per_head)
+    return ar.result(red, dtype)
+
+
 class _OnlineAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, attn_mask, p, ar, order, bm, bn):
-        with _ieee_fp32_matmul():
-            q = query.to(ar.operand).to(ar.acc)
-            k = p.expand_kv(key.to(ar.operand).to(ar.acc))
-            v = p.expand_kv(value.to(ar.operand).to(ar.acc))
-            fwd = _forward_fa2 if order == "fa2" else _forward_fa1
-            out, lse = fwd(ar, p, q, k, v, attn_mask, bm, bn)
-        out = out.to(ar.operand)
+        out, lse = _run_forward(ar, p, query, key, value, attn_mask, order, bm, bn)
         ctx.save_for_backward(query, key, value, attn_mask, out, lse)
         ctx.config = (p, ar, bm, bn)
+        lse = lse * LN2 if ar.base2 else lse
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -395,27 +549,56 @@ class _OnlineAttention(torch.autograd.Function):
         query, key, value, attn_mask, out, lse = ctx.saved_tensors
         p, ar, bm, bn = ctx.config
         want_dbias = bool(ctx.needs_input_grad[3])
-        with _ieee_fp32_matmul():
-            q = query.to(ar.operand).to(ar.acc)
-            k = p.expand_kv(key.to(ar.operand).to(ar.acc))
-            v = p.expand_kv(value.to(ar.operand).to(ar.acc))
-            dq, dk, dv, dbias = _backward_fa2(
-                ar, p, q, k, v, attn_mask, out.to(ar.acc), lse, dout, bm, bn, want_dbias
-            )
-        dk, dv = p.reduce_kv(dk), p.reduce_kv(dv)
+        dq, dk, dv, dbias = _run_backward(
+            ar, p, query, key, value, attn_mask, out, lse, dout, bm, bn, want_dbias
+        )
         dmask = None
         if dbias is not None:
             dmask = _sum_to_shape(dbias, attn_mask.shape).to(attn_mask.dtype)
         return (
-            dq.to(query.dtype), dk.to(key.dtype), dv.to(value.dtype), dmask,
-            None, None, None, None, None,
+            ar.result(dq, query.dtype), _reduce_kv_grad(ar, p, dk, key.dtype),
+            _reduce_kv_grad(ar, p, dv, value.dtype), dmask, None, None, None, None, None,
         )
+
+
+SWITCH_DEFAULTS = dict(
+    gqa_reduce="per_head_fp32", flush_subnormals=False, scale_at="scores",
+    p_precision="input", ds_precision="input", ds_scale="after_round", tf32=False,
+)
+
+
+def _make_arith(dtype, precision, **switches) -> _Arith:
+    """Validate the implementation switches of ``online_attention`` and build its _Arith."""
+    unknown = set(switches) - set(SWITCH_DEFAULTS)
+    if unknown:
+        raise ValueError(
+            f"unknown switch(es) {sorted(unknown)}; expected some of {list(SWITCH_DEFAULTS)}"
+        )
+    sw = {**SWITCH_DEFAULTS, **switches}
+    ar = _Arith(
+        dtype, precision,
+        gqa_reduce=check_choice("gqa_reduce", sw["gqa_reduce"], GQA_REDUCES),
+        flush_subnormals=check_flag("flush_subnormals", sw["flush_subnormals"]),
+        scale_at=check_choice("scale_at", sw["scale_at"], SCALE_ATS),
+        p_precision=check_choice("p_precision", sw["p_precision"], OPERAND_PRECISIONS),
+        ds_precision=check_choice("ds_precision", sw["ds_precision"], OPERAND_PRECISIONS),
+        ds_scale=check_choice("ds_scale", sw["ds_scale"], DS_SCALES),
+        tf32=check_flag("tf32", sw["tf32"]),
+    )
+    if ar.tf32 and (dtype != torch.float32 or precision != "emulate"):
+        raise ValueError(
+            f"tf32: only for float32 inputs with precision='emulate'; got {dtype} "
+            f"with precision={precision!r}"
+        )
+    return ar
 
 
 def online_attention(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
     enable_gqa=False, *, block_m=64, block_n=64, order="fa2", precision="emulate",
     window=None, causal_alignment="top_left", return_lse=False,
+    gqa_reduce="per_head_fp32", flush_subnormals=False, scale_at="scores",
+    p_precision="input", ds_precision="input", ds_scale="after_round", tf32=False,
 ):
     """Blocked online-softmax attention (contracts.md §1), FA2 or FA1 loop order.
 
@@ -423,6 +606,36 @@ def online_attention(
     the arithmetic of a real kernel (see the module docstring), output in the input dtype.
     ``return_lse=True`` also returns lse (B, Hq, Nq) in the accumulator dtype (not
     differentiable). Gradients come from the blocked FlashAttention-2 backward.
+
+    Implementation choices (the defaults are the arithmetic described in the module
+    docstring; reference/family.py names the kernels that make each other choice):
+
+    - ``gqa_reduce``: how dK/dV of a GQA group's query heads become one kv head's
+      gradient. ``"per_head_fp32"``: per query head in fp32, summed over the group in
+      fp32, rounded once. ``"group_fp32"``: one fp32 accumulator per kv head, into which
+      every query head of the group adds its products tile by tile (heads inner), rounded
+      once. ``"per_head_rounded"``: each head's dK/dV rounded to the input dtype, summed
+      in fp32, rounded again. ``"expand_autograd"``: each head's rounded dK/dV reduced by
+      autograd's own backward of the K/V expansion (``repeat_interleave``) in the input
+      dtype; torch accumulates that sum in fp32, so on the CPU (torch 2.13) it equals
+      ``"per_head_rounded"`` bit for bit.
+    - ``flush_subnormals``: flush to zero the subnormals of the input dtype in the
+      inputs, in P and dS after rounding and in the results, and those of the
+      accumulator dtype in the scores, every exp, every matmul result and the
+      accumulators after each update (FTZ arithmetic).
+    - ``scale_at``: ``"scores"`` S = (Q Kᵀ)·scale in the accumulator; ``"q"`` Q·scale
+      rounded to the input dtype before the product; ``"exp2"`` S = (Q Kᵀ)·c with the
+      single constant c = fl(scale·log2 e), softmax in base 2 (m, ℓ, exp2, lse in log2
+      units; the returned lse is converted back to natural units); ``"q_exp2"`` Q·c
+      rounded to the input dtype before the product, softmax in base 2. The scale
+      enters dQ and dK as ``ds_scale`` says, with the unscaled Q, whatever ``scale_at``.
+    - ``p_precision`` / ``ds_precision``: ``"input"`` P (resp. dS) rounded to the input
+      dtype before the P@V and PᵀdO (resp. dS@K and dSᵀQ) products; ``"fp32"`` kept in the
+      accumulator dtype.
+    - ``ds_scale``: ``"after_round"`` the scale multiplies the accumulated dQ and dK;
+      ``"before_round"`` it multiplies dS before dS is rounded.
+    - ``tf32``: float32 inputs only: every matmul operand rounded to TF32
+      (``round_tf32``), fp32 accumulation.
     """
     p = check_attention_args(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
@@ -432,7 +645,11 @@ def online_attention(
     bn = check_block("block_n", block_n)
     order = check_choice("order", order, ORDERS)
     precision = check_choice("precision", precision, PRECISIONS)
-    ar = _Arith(query.dtype, precision)
+    ar = _make_arith(
+        query.dtype, precision, gqa_reduce=gqa_reduce, flush_subnormals=flush_subnormals,
+        scale_at=scale_at, p_precision=p_precision, ds_precision=ds_precision,
+        ds_scale=ds_scale, tf32=tf32,
+    )
     if precision == "exact":
         query, key, value = (t.to(torch.float64) for t in (query, key, value))
     out, lse = _OnlineAttention.apply(query, key, value, attn_mask, p, ar, order, bm, bn)

@@ -1,0 +1,186 @@
+"""The family of correct implementation choices (DESIGN.md §5), as ``online_attention`` runs.
+
+A flash kernel is correct if its error is of the size that some legitimate way of computing
+attention makes. Each member of ``FAMILY`` is one such way: the emulated blocked kernel of
+``reference.online_attention`` (fp32 accumulation, operands in the input dtype) with one
+implementation choice changed from the baseline ``fa2_128``. ``FAMILY_NOTES`` names, for
+each member, real kernels that make its choice.
+
+- ``FAMILY``: ordered mapping name -> keyword arguments of ``online_attention`` (every
+  member spells out its block sizes; the rest default as in ``SWITCH_DEFAULTS``).
+- ``family_members(dtype, gqa=, tf32=)``: the members that apply to a problem: the GQA
+  members only when Hq != Hkv, ``p_ds_fp32`` only below fp32 (for fp32 inputs it *is*
+  the baseline), ``tf32`` only for fp32 inputs whose kernel declares TF32.
+- ``run_family(query, key, value, grad_out, ...)``: every member on the same inputs; per
+  member the output and (with ``grad_out``) dq, dk, dv, exactly as
+  ``online_attention(..., **kwargs)`` and autograd with that ``grad_out`` give them.
+  Members share work: one forward per distinct forward configuration, one backward per
+  distinct backward configuration (loop order aside: FA1 and FA2 forwards that give the
+  same out and lse share the backward), the GQA members differing only in the final
+  reduction.
+
+Caveats: the members are single choices away from the baseline, not all their
+combinations (a kernel combining two choices is expected to stay within K × the worst of
+them; the combination is not run). Block sizes are fixed per member, not per head dim.
+``dropout_p`` is not supported. CPU-bound for the sizes of the harness's CPU suite (Python
+loops over tiles); see ``run_family``'s docstring for the measured cost.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._validate import ORDERS, check_attention_args, check_block, check_choice
+from .online import SWITCH_DEFAULTS, _make_arith, _reduce_kv_grad, _run_backward, _run_forward
+
+_BASE = dict(block_m=128, block_n=128)
+
+FAMILY: dict[str, dict] = {
+    "fa2_128": dict(_BASE),
+    "fa2_64x32": dict(block_m=64, block_n=32),
+    "fa1_order": dict(_BASE, order="fa1"),
+    "exp2_folded": dict(_BASE, scale_at="exp2"),
+    "q_prescaled": dict(_BASE, scale_at="q"),
+    "q_exp2_prescaled": dict(_BASE, scale_at="q_exp2"),
+    "p_ds_fp32": dict(_BASE, p_precision="fp32", ds_precision="fp32"),
+    "ds_before_round": dict(_BASE, ds_scale="before_round"),
+    "gqa_group_fp32": dict(_BASE, gqa_reduce="group_fp32"),
+    "gqa_per_head_rounded": dict(_BASE, gqa_reduce="per_head_rounded"),
+    "gqa_expand_autograd": dict(_BASE, gqa_reduce="expand_autograd"),
+    "ftz": dict(_BASE, flush_subnormals=True),
+    "tf32": dict(_BASE, tf32=True),
+}
+
+FAMILY_NOTES: dict[str, str] = {
+    "fa2_128": "baseline: FA2 loop order, 128x128 tiles, S = (QKᵀ)·scale in fp32, exp, P and dS "
+               "rounded to the input dtype, dQ/dK scaled at the end (the harness's baseline; "
+               "FlashAttention-2 CUDA backward scales acc_dq/acc_dk at the end too)",
+    "fa2_64x32": "smaller tiles: more rescales and a different summation order (Triton "
+                 "autotune configs, FlashAttention-2 backward's 64-row tiles)",
+    "fa1_order": "K/V tiles outer, O renormalised in HBM after every step (FlashAttention-1, "
+                 "Algorithm 1)",
+    "exp2_folded": "scale·log2(e) folded into one fp32 constant, exp2 (FlashAttention-2/3 "
+                   "softmax_scale_log2, the Triton tutorial's qk_scale = sm_scale * 1.44269504)",
+    "q_prescaled": "Q·scale rounded to the input dtype before QKᵀ (Triton kernels that do "
+                   "q = (q * sm_scale).to(q.dtype) with exp)",
+    "q_exp2_prescaled": "Q·(scale·log2 e) rounded to the input dtype, exp2 (Triton 2.x tutorial "
+                        "and kernels derived from it: q = (q * qk_scale).to(tl.float16))",
+    "p_ds_fp32": "P and dS kept in fp32 for the P@V, PᵀdO, dS@K and dSᵀQ products "
+                 "(implementations that upcast to fp32 throughout, e.g. "
+                 "naive_attention(upcast=True); not the math SDPA backend, which rounds to "
+                 "the input dtype, DESIGN.md §5)",
+    "ds_before_round": "dS·scale rounded to the input dtype, dQ/dK not scaled again "
+                       "(FlashAttention's Triton backward, flash_attn_triton.py: "
+                       "ds = (p * (dp - Di) * softmax_scale).to(q.dtype))",
+    "gqa_group_fp32": "one fp32 dK/dV accumulator per kv head that every query head of the "
+                      "group adds into (Triton GQA kernels looping over the group's heads "
+                      "inside the dK/dV program)",
+    "gqa_per_head_rounded": "dK/dV per query head rounded to the input dtype, then summed "
+                            "over the group (FlashAttention-2 flash_api.cpp: dk_expanded in "
+                            "the input dtype, at::sum over the group)",
+    "gqa_expand_autograd": "K/V expanded with repeat_interleave before an MHA kernel; "
+                           "autograd reduces the per-head gradients in the input dtype",
+    "ftz": "subnormals flushed to zero in inputs, P, dS, intermediates and results (FTZ "
+           "arithmetic; on the H200 flex, sdpa-flash, sdpa-efficient and sdpa-cudnn flush "
+           "subnormal gradients and cuDNN subnormal bf16 inputs: docs/reports/README.md)",
+    "tf32": "every matmul operand rounded to TF32, fp32 accumulation (fp32 kernels with "
+            "allow_tf32 / input_precision='tf32'); only when the kernel declares TF32",
+}
+
+_GQA_MEMBERS = ("gqa_group_fp32", "gqa_per_head_rounded", "gqa_expand_autograd")
+_LOOP_KEYS = dict(block_m=128, block_n=128, order="fa2")
+
+
+def family_members(dtype, *, gqa: bool, tf32: bool) -> dict[str, dict]:
+    """The members of ``FAMILY`` that apply to a problem (a new dict of copies, in order).
+
+    ``dtype``: the input dtype (torch dtype or name); ``gqa``: Hq != Hkv; ``tf32``: the
+    kernel declares TF32 matmuls (meaningful for float32 inputs only; ignored otherwise).
+    """
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise ValueError(f"dtype: expected float16, bfloat16, float32 or float64; got {dtype!r}")
+    wide = dtype in (torch.float32, torch.float64)
+    skip = set()
+    if not gqa:
+        skip.update(_GQA_MEMBERS)
+    if wide:
+        skip.add("p_ds_fp32")  # P and dS are already fp32: the member is the baseline
+    if not (tf32 and dtype == torch.float32):
+        skip.add("tf32")
+    return {name: dict(kw) for name, kw in FAMILY.items() if name not in skip}
+
+
+def _split(name: str, kw: dict):
+    unknown = set(kw) - set(_LOOP_KEYS) - set(SWITCH_DEFAULTS)
+    if unknown:
+        raise ValueError(f"members[{name!r}]: unknown keyword(s) {sorted(unknown)}")
+    loop = {**_LOOP_KEYS, **{k: v for k, v in kw.items() if k in _LOOP_KEYS}}
+    sw = {**SWITCH_DEFAULTS, **{k: v for k, v in kw.items() if k in SWITCH_DEFAULTS}}
+    return (
+        check_block("block_m", loop["block_m"]), check_block("block_n", loop["block_n"]),
+        check_choice("order", loop["order"], ORDERS), sw,
+    )
+
+
+def run_family(
+    query, key, value, grad_out=None, attn_mask=None, *, members=None, is_causal=False,
+    scale=None, enable_gqa=False, window=None, causal_alignment="top_left",
+) -> dict[str, dict[str, torch.Tensor]]:
+    """Every member on the same inputs: {name: {"out", and with grad_out "dq", "dk", "dv"}}.
+
+    ``members``: name -> keyword arguments of ``online_attention`` (block_m, block_n,
+    order and the switches of ``SWITCH_DEFAULTS``); default ``family_members(query.dtype,
+    gqa=Hq != Hkv, tf32=False)``. The tensors are those of
+    ``online_attention(query, key, value, attn_mask, ..., precision="emulate", **kwargs)``
+    and of ``torch.autograd.grad(out, (query, key, value), grad_out)``, bit for bit
+    (tests/test_family.py), in the input dtype, detached. The mask gets no gradient.
+
+    Measured on the CPU (one thread), fp16, B=2, Hq=Hkv=4, N=128, D=64, forward and
+    backward: see the commit that added this module and scripts/family_cost.py.
+    """
+    p = check_attention_args(
+        query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa, window,
+        causal_alignment,
+    )
+    if members is None:
+        members = family_members(query.dtype, gqa=p.group > 1, tf32=False)
+    query, key, value = (t.detach() for t in (query, key, value))
+    fwd_cache: dict = {}
+    bwd_cache: dict = {}
+    results: dict[str, dict[str, torch.Tensor]] = {}
+    with torch.no_grad():
+        for name, kw in members.items():
+            bm, bn, order, sw = _split(name, kw)
+            ar = _make_arith(query.dtype, "emulate", **sw)
+            fkey = (bm, bn, order, sw["scale_at"], sw["p_precision"], sw["flush_subnormals"],
+                    sw["tf32"])
+            if fkey not in fwd_cache:
+                fwd_cache[fkey] = _run_forward(
+                    ar, p, query, key, value, attn_mask, order, bm, bn
+                )
+            out, lse = fwd_cache[fkey]
+            res = {"out": out}
+            if grad_out is not None:
+                # The backward is FA2 whatever the forward's order: it depends on the loop
+                # order only through out and lse, so equal out and lse share it.
+                bkey = (bm, bn, sw["scale_at"], sw["p_precision"], sw["flush_subnormals"],
+                        sw["tf32"], sw["ds_precision"], sw["ds_scale"],
+                        sw["gqa_reduce"] == "group_fp32")
+                grads = next((g for o, lg, g in bwd_cache.get(bkey, [])
+                              if o is out or (torch.equal(o, out) and torch.equal(lg, lse))),
+                             None)
+                if grads is None:
+                    grads = _run_backward(
+                        ar, p, query, key, value, attn_mask, out, lse, grad_out, bm, bn,
+                        False,
+                    )
+                    bwd_cache.setdefault(bkey, []).append((out, lse, grads))
+                dq, dk, dv, _ = grads
+                res.update(
+                    dq=ar.result(dq, query.dtype), dk=_reduce_kv_grad(ar, p, dk, key.dtype),
+                    dv=_reduce_kv_grad(ar, p, dv, value.dtype),
+                )
+            results[name] = res
+    return results

@@ -1,0 +1,389 @@
+"""Tests of the implementation switches of ``reference.online_attention`` and of the family
+built from them (reference/family.py).
+
+- default switches are bit-identical to the code path they replaced (a frozen copy of the
+  previous module, tests/data/online_before_family.py): output, lse and every gradient;
+- each switch does what it says, checked against an independent computation on a tiny
+  case: the GQA reductions, P kept in fp32, TF32 operands, subnormal flushing, the scale
+  applied to Q or to dS (bit-identical to the default for a power-of-two scale, not
+  otherwise), exp2 (rounding-level differences only, and exact in float64);
+- ``run_family`` equals one ``online_attention`` call plus autograd per member, bit for
+  bit, and every member stays within a few units of roundoff of the float64 oracle;
+- ``family_members`` picks the members that apply; bad switches are rejected.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import reference
+from reference._problems import make_problem
+from reference.family import FAMILY, FAMILY_NOTES, family_members, run_family
+from reference.online import round_tf32
+from tests.test_reference_online import _grads, problems
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+U = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float32: 2.0**-24}
+blocks = st.integers(1, 16) | st.sampled_from([32, 64])
+
+
+def _frozen():
+    path = Path(__file__).parent / "data" / "online_before_family.py"
+    spec = importlib.util.spec_from_file_location("online_before_family", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+OLD = _frozen()
+
+
+def _cast(kw, dtype):
+    return {n: (t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype.is_floating_point else t)
+            for n, t in kw.items()}
+
+
+def _run(kw, dout, **opts):
+    """out, lse and [dq, dk, dv(, dmask)] of online_attention(**kw, **opts) on the CPU."""
+    return _grads(lambda **a: reference.online_attention(**a, return_lse=True, **opts),
+                  kw, dout, "cpu")
+
+
+def _same(a, b):
+    """Bit for bit (signed zeros and NaN payloads included)."""
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
+        a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+# ---------------------------------------------------------------- defaults unchanged
+
+
+@given(
+    kw=problems(max_n=24, max_d=8), dtype=st.sampled_from(list(DTYPES) + ["float64"]),
+    block_m=blocks, block_n=blocks, order=st.sampled_from(["fa2", "fa1"]),
+    precision=st.sampled_from(["emulate", "exact"]), seed=st.integers(0, 2**32 - 1),
+)
+def test_defaults_bit_identical_to_previous_code(kw, dtype, block_m, block_n, order,
+                                                 precision, seed):
+    dt = getattr(torch, dtype)
+    kw = _cast(kw, dt)
+    g = torch.Generator().manual_seed(seed)
+    dout = torch.randn(kw["query"].shape, generator=g, dtype=torch.float64)
+    opts = dict(block_m=block_m, block_n=block_n, order=order, precision=precision)
+    old = _grads(lambda **a: OLD.online_attention(**a, return_lse=True, **opts),
+                 kw, dout.to(torch.float64 if precision == "exact" else dt), "cpu")
+    new = _run(kw, dout.to(torch.float64 if precision == "exact" else dt), **opts)
+    assert _same(new[0], old[0]) and _same(new[1], old[1])
+    assert len(new[2]) == len(old[2])
+    for a, b in zip(new[2], old[2], strict=True):
+        assert _same(a, b)
+
+
+# ---------------------------------------------------------------- each switch
+
+
+def _gqa_case(dtype, seed=3):
+    kw = make_problem(B=1, Hq=6, Hkv=2, Nq=21, Nk=19, D=8, seed=seed, dtype=dtype)
+    kw["scale"] = 0.3
+    dout = torch.randn(kw["query"].shape, generator=torch.Generator().manual_seed(seed),
+                       dtype=torch.float64).to(dtype)
+    return kw, dout
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_gqa_reductions_match_independent_sums(dtype):
+    dt = DTYPES[dtype]
+    kw, dout = _gqa_case(dt)
+    G = 3
+    # Per query head: the same model on K/V expanded by hand (plain MHA), each head's dK/dV
+    # rounded to the dtype by the model itself.
+    mha = dict(kw, key=kw["key"].repeat_interleave(G, 1), value=kw["value"].repeat_interleave(G, 1),
+               enable_gqa=False)
+    _, _, (_, dk_h, dv_h) = _run(mha, dout, block_m=8, block_n=4)
+
+    def fp32_sum(t):
+        return t.float().reshape(1, 2, G, *t.shape[2:]).sum(2).to(dt)
+
+    _, _, (_, dk, dv) = _run(kw, dout, block_m=8, block_n=4, gqa_reduce="per_head_rounded")
+    assert torch.equal(dk, fp32_sum(dk_h)) and torch.equal(dv, fp32_sum(dv_h))
+    # expand_autograd: exactly what autograd does through repeat_interleave.
+    k, v = (kw[n].clone().requires_grad_(True) for n in ("key", "value"))
+    out = reference.online_attention(kw["query"], k.repeat_interleave(G, 1),
+                                     v.repeat_interleave(G, 1), scale=0.3, block_m=8, block_n=4)
+    want = torch.autograd.grad(out, (k, v), dout)
+    _, _, (_, dk, dv) = _run(kw, dout, block_m=8, block_n=4, gqa_reduce="expand_autograd")
+    assert torch.equal(dk, want[0]) and torch.equal(dv, want[1])
+    # torch accumulates that fp16/bf16 sum in fp32 (documented in online_attention): the
+    # same values as per_head_rounded.
+    assert torch.equal(dk, fp32_sum(dk_h)) and torch.equal(dv, fp32_sum(dv_h))
+    # The default (one fp32 sum of fp32 per-head values, one rounding) is a different choice.
+    _, _, (_, dk0, dv0) = _run(kw, dout, block_m=8, block_n=4)
+    assert not (torch.equal(dk0, fp32_sum(dk_h)) and torch.equal(dv0, fp32_sum(dv_h)))
+    # Without GQA every reduction is the default.
+    for red in ("per_head_rounded", "expand_autograd"):
+        got = _run(mha, dout, block_m=8, block_n=4, gqa_reduce=red)[2]
+        assert torch.equal(got[1], dk_h) and torch.equal(got[2], dv_h)
+
+
+def test_gqa_group_fp32_is_one_sequential_accumulator():
+    """fp32 inputs, one tile, scale 2^-2 (exact): the group's dK/dV are the per-head
+    gradients added one head after the other in fp32."""
+    kw, dout = _gqa_case(torch.float32)
+    kw["scale"] = 0.25
+    G = 3
+    mha = dict(kw, key=kw["key"].repeat_interleave(G, 1), value=kw["value"].repeat_interleave(G, 1),
+               enable_gqa=False)
+    _, _, (_, dk_h, dv_h) = _run(mha, dout, block_m=32, block_n=32)
+    _, _, (_, dk, dv) = _run(kw, dout, block_m=32, block_n=32, gqa_reduce="group_fp32")
+
+    def sequential(t):
+        t = t.reshape(1, 2, G, *t.shape[2:])
+        acc = torch.zeros_like(t[:, :, 0])
+        for h in range(G):
+            acc = acc + t[:, :, h]
+        return acc
+
+    assert torch.equal(dk, sequential(dk_h)) and torch.equal(dv, sequential(dv_h))
+    # With several tiles it stays within fp32 rounding of the per-head default.
+    _, _, (_, dk, dv) = _run(kw, dout, block_m=4, block_n=8, gqa_reduce="group_fp32")
+    _, _, (_, dk0, dv0) = _run(kw, dout, block_m=4, block_n=8)
+    for a, b in ((dk, dk0), (dv, dv0)):
+        assert (a - b).abs().max() <= 64 * 2.0**-24 * b.abs().max()
+
+
+def _single_tile_forward(q, k, v, scale, *, round_p, op_round=lambda t: t):
+    """FA2 with one tile, written out: S = (QKᵀ)·scale, p = e^(S − max), out = (p̃ V)/Σp."""
+    qf, kf, vf = (t.float() for t in (q, k, v))
+    s = torch.matmul(op_round(qf), op_round(kf).transpose(-2, -1)) * scale
+    m = s.amax(-1, keepdim=True)
+    p = torch.exp(s - m)
+    pv = p.to(q.dtype).float() if round_p else p
+    return (torch.matmul(op_round(pv), op_round(vf)) / p.sum(-1, keepdim=True)).to(q.dtype)
+
+
+@pytest.mark.parametrize("p_precision", ["input", "fp32"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_p_precision_single_tile(p_precision, dtype):
+    kw = make_problem(B=1, Hq=2, Hkv=2, Nq=9, Nk=11, D=8, seed=7, dtype=DTYPES[dtype])
+    got = reference.online_attention(kw["query"], kw["key"], kw["value"], scale=0.3,
+                                     block_m=16, block_n=16, p_precision=p_precision)
+    want = _single_tile_forward(kw["query"], kw["key"], kw["value"], 0.3,
+                                round_p=p_precision == "input")
+    assert torch.equal(got, want)
+    other = _single_tile_forward(kw["query"], kw["key"], kw["value"], 0.3,
+                                 round_p=p_precision != "input")
+    assert not torch.equal(got, other)
+
+
+def test_p_and_ds_precision_are_no_ops_for_fp32():
+    kw, dout = _gqa_case(torch.float32)
+    base = _run(kw, dout, block_m=8, block_n=4)
+    got = _run(kw, dout, block_m=8, block_n=4, p_precision="fp32", ds_precision="fp32")
+    assert torch.equal(got[0], base[0])
+    assert all(torch.equal(a, b) for a, b in zip(got[2], base[2], strict=True))
+
+
+def test_round_tf32():
+    x = torch.tensor([1.0, 1 + 2**-10, 1 + 2**-11, 1 + 3 * 2**-11, -(1 + 2**-11), 1 + 2**-12,
+                      3.0e38, math.inf, -math.inf, 2.0**-130, 2.0**-140], dtype=torch.float32)
+    # TF32 keeps fp32's exponent range with 10 mantissa bits: its smallest subnormal is
+    # 2^-136, so 2^-140 rounds to zero.
+    want = torch.tensor([1.0, 1 + 2**-10, 1 + 2**-10, 1 + 2**-9, -(1 + 2**-10), 1.0,
+                         x[6].item(), math.inf, -math.inf, 2.0**-130, 0.0], dtype=torch.float32)
+    got = round_tf32(x)
+    assert torch.equal(got[:6], want[:6]) and torch.equal(got[7:], want[7:])
+    assert abs(got[6].item() / 3.0e38 - 1) <= 2**-11
+    assert torch.isnan(round_tf32(torch.tensor([math.nan]))).all()
+    r = round_tf32(torch.randn(1000, generator=torch.Generator().manual_seed(0)))
+    assert (r.view(torch.int32) & 0x1FFF == 0).all()
+    with pytest.raises(ValueError, match="float32"):
+        round_tf32(torch.ones(2, dtype=torch.float16))
+
+
+def test_tf32_single_tile_and_rejected_below_fp32():
+    kw = make_problem(B=1, Hq=2, Hkv=2, Nq=9, Nk=11, D=8, seed=7, dtype=torch.float32)
+    q, k, v = kw["query"], kw["key"], kw["value"]
+    got = reference.online_attention(q, k, v, scale=0.3, block_m=16, block_n=16, tf32=True)
+    assert torch.equal(got, _single_tile_forward(q, k, v, 0.3, round_p=False,
+                                                 op_round=round_tf32))
+    plain = reference.online_attention(q, k, v, scale=0.3, block_m=16, block_n=16)
+    err = (got.double() - plain.double()).abs().max().item()
+    assert 0 < err <= 8 * 2.0**-11 * v.abs().max().item()
+    for dt in (torch.float16, torch.bfloat16):
+        with pytest.raises(ValueError, match="tf32"):
+            reference.online_attention(q.to(dt), k.to(dt), v.to(dt), tf32=True)
+    with pytest.raises(ValueError, match="tf32"):
+        reference.online_attention(q, k, v, tf32=True, precision="exact")
+
+
+def _subnormal(t):
+    tiny = torch.finfo(t.dtype).tiny
+    return (t != 0) & (t.abs() < tiny)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_flush_subnormals(dtype):
+    dt = DTYPES[dtype]
+    tiny = torch.finfo(dt).tiny
+    kw = make_problem(B=1, Hq=2, Hkv=2, Nq=16, Nk=24, D=8, seed=5, dtype=torch.float64)
+    # Half of V's columns subnormal; scores spread wide so that some P are subnormal too.
+    v = kw["value"].clone()
+    v[..., 4:] *= tiny / 8
+    q = kw["query"] * 4
+    q, k, v = (t.to(dt) for t in (q, kw["key"], v))
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1),
+                       dtype=torch.float64).to(dt)
+    base = dict(query=q, key=k, value=v, attn_mask=None, is_causal=False, scale=None,
+                enable_gqa=False, window=None, causal_alignment="top_left")
+    out0, _, g0 = _run(base, dout, block_m=8, block_n=8)
+    out1, _, g1 = _run(base, dout, block_m=8, block_n=8, flush_subnormals=True)
+    assert _subnormal(out0).any()  # the case is meaningful
+    assert (out1[_subnormal(out0)] == 0).all()
+    assert (out1[..., 4:] == 0).all()  # V's flushed columns contribute nothing
+    for t in (out1, *g1):
+        assert not _subnormal(t).any()
+    # Away from the flushed columns the output moves at most at rounding level (P < tiny
+    # are dropped).
+    assert ((out1[..., :4].double() - out0[..., :4].double()).abs() <= 4 * U[dt]).all()
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_scale_placement_exact_for_power_of_two_scale(dtype):
+    """Scaling by 2^k commutes with rounding: Q·scale or dS·scale rounded to the dtype equals
+    the default bit for bit; with scale = 0.3 the choices differ."""
+    dt = DTYPES[dtype]
+    kw, dout = _gqa_case(dt)
+    for scale, same in ((0.25, True), (0.3, False)):
+        kw["scale"] = scale
+        base = _run(kw, dout, block_m=8, block_n=4)
+        for sw in (dict(scale_at="q"), dict(ds_scale="before_round")):
+            got = _run(kw, dout, block_m=8, block_n=4, **sw)
+            eq = torch.equal(got[0], base[0]) and all(
+                torch.equal(a, b) for a, b in zip(got[2], base[2], strict=True))
+            assert eq == same, (scale, sw)
+            if sw.get("ds_scale"):  # the forward does not see ds_scale
+                assert torch.equal(got[0], base[0]) and torch.equal(got[1], base[1])
+
+
+@pytest.mark.parametrize("scale_at", ["exp2", "q_exp2"])
+def test_exp2_is_exact_in_float64(scale_at):
+    kw = make_problem(B=1, Hq=4, Hkv=2, Nq=13, Nk=17, D=8, seed=2, mask="additive",
+                      is_causal=True)
+    dout = torch.randn(kw["query"].shape, generator=torch.Generator().manual_seed(0),
+                       dtype=torch.float64)
+    want = _grads(lambda **a: reference.attention_fp64(**a, return_lse=True), kw, dout, "cpu")
+    got = _run(kw, dout, block_m=4, block_n=8, precision="exact", scale_at=scale_at)
+    for a, b in zip([got[0], *got[2]], [want[0], *want[2]], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12 * max(b.abs().max().item(), 1.0))
+    live = want[1] > -torch.inf
+    torch.testing.assert_close(got[1][live], want[1][live], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_exp2_differs_from_exp_at_rounding_level(dtype):
+    dt = DTYPES[dtype]
+    kw, dout = _gqa_case(dt)
+    kw["attn_mask"] = make_problem(B=1, Hq=6, Hkv=2, Nq=21, Nk=19, D=8, seed=4,
+                                   mask="additive", dtype=dt)["attn_mask"]
+    base = _run(kw, dout, block_m=8, block_n=4)
+    got = _run(kw, dout, block_m=8, block_n=4, scale_at="exp2")
+    diff = False
+    for a, b in zip([got[0], *got[2]], [base[0], *base[2]], strict=True):
+        d = (a.double() - b.double()).abs().max().item()
+        diff |= d > 0
+        assert d <= 4 * U[dt] * max(b.abs().max().item(), 1.0)
+    lse_d = (got[1] - base[1])[base[1] > -torch.inf].abs().max().item()
+    assert lse_d <= 64 * 2.0**-24 * (base[1][base[1] > -torch.inf].abs().max().item() + 1)
+    assert diff or lse_d > 0
+
+
+def test_switches_rejected_with_names():
+    kw = make_problem(B=1, Hq=1, Hkv=1, Nq=3, Nk=3, D=2, seed=0, dtype=torch.float16)
+    for name, bad in (("gqa_reduce", "sum"), ("scale_at", "k"), ("p_precision", "fp16"),
+                      ("ds_precision", None), ("ds_scale", "never"),
+                      ("flush_subnormals", 1), ("tf32", "yes")):
+        with pytest.raises(ValueError, match=name):
+            reference.online_attention(**kw, **{name: bad})
+
+
+# ---------------------------------------------------------------- the family
+
+
+def test_family_table_and_members():
+    assert list(FAMILY)[0] == "fa2_128" and set(FAMILY) == set(FAMILY_NOTES)
+    assert all(FAMILY_NOTES[n].strip() for n in FAMILY)
+    fp16 = family_members(torch.float16, gqa=False, tf32=False)
+    assert "p_ds_fp32" in fp16 and "tf32" not in fp16
+    assert not any(n.startswith("gqa_") for n in fp16)
+    assert "tf32" not in family_members("bfloat16", gqa=True, tf32=True)  # meaningless
+    fp32 = family_members("float32", gqa=True, tf32=True)
+    assert "tf32" in fp32 and "p_ds_fp32" not in fp32
+    assert {"gqa_group_fp32", "gqa_per_head_rounded", "gqa_expand_autograd"} <= set(fp32)
+    assert list(fp32) == [n for n in FAMILY if n in fp32]  # table order kept
+    fp32["fa2_128"]["block_m"] = 1  # copies: the table is not changed
+    assert FAMILY["fa2_128"]["block_m"] == 128
+    with pytest.raises(ValueError, match="dtype"):
+        family_members(torch.int32, gqa=False, tf32=False)
+
+
+def _small(members):
+    """The members with smaller tiles (the sizes of a CPU test), fa2_64x32 kept distinct."""
+    return {n: dict(kw, block_m=kw["block_m"] // 16, block_n=kw["block_n"] // 16)
+            for n, kw in members.items()}
+
+
+@pytest.mark.parametrize("tiles", ["one", "many"])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_run_family_equals_one_call_per_member(dtype, tiles):
+    """Bit for bit, whatever work the members share (with one tile per row, FA1 and FA2
+    give the same out and lse and share the backward)."""
+    dt = DTYPES[dtype]
+    kw, dout = _gqa_case(dt, seed=9)
+    kw["is_causal"] = True
+    members = family_members(dt, gqa=True, tf32=dt == torch.float32)
+    members = _small(members) if tiles == "many" else members
+    got = run_family(kw["query"], kw["key"], kw["value"], dout, members=members,
+                     is_causal=True, scale=0.3, enable_gqa=True)
+    assert list(got) == list(members)
+    for name, opts in members.items():
+        out, _, (dq, dk, dv) = _run(kw, dout, **opts)
+        for t, want in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), strict=True):
+            assert torch.equal(got[name][t], want), (name, t)
+    fwd_only = run_family(kw["query"], kw["key"], kw["value"], members=members,
+                          is_causal=True, scale=0.3, enable_gqa=True)
+    assert all(set(r) == {"out"} for r in fwd_only.values())
+    with pytest.raises(ValueError, match="unknown"):
+        run_family(kw["query"], kw["key"], kw["value"], members={"x": {"blockm": 2}},
+                   enable_gqa=True)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_every_member_near_fp64(dtype, seed):
+    """Normwise max error <= C·u·max|exact| per tensor: C = 4 below fp32 (one or two
+    roundings dominate), 32 for fp32 (accumulation dominates); u = 2^-11 for TF32."""
+    dt = DTYPES[dtype]
+    kw = make_problem(B=1, Hq=4, Hkv=2, Nq=37, Nk=45, D=16, seed=seed, dtype=dt,
+                      mask=("additive", "bool")[seed], is_causal=seed == 0)
+    kw["scale"] = 0.3
+    dout = torch.randn(kw["query"].shape, generator=torch.Generator().manual_seed(seed),
+                       dtype=torch.float64).to(dt)
+    exact = _grads(lambda **a: reference.attention_fp64(**a, return_lse=True),
+                   _cast(kw, torch.float64), dout.double(), "cpu")
+    want = dict(zip(("out", "dq", "dk", "dv"), [exact[0], *exact[2][:3]], strict=True))
+    members = _small(family_members(dt, gqa=True, tf32=dt == torch.float32))
+    got = run_family(kw["query"], kw["key"], kw["value"], dout, kw["attn_mask"],
+                     members=members, is_causal=kw["is_causal"], scale=0.3, enable_gqa=True)
+    for name, res in got.items():
+        u = 2.0**-11 if name == "tf32" else U[dt]
+        c = 32 if dt == torch.float32 and name != "tf32" else 4
+        for t, x in res.items():
+            err = (x.double() - want[t]).abs().max().item()
+            assert err <= c * u * want[t].abs().max().item(), (name, t, err)
