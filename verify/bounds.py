@@ -509,15 +509,22 @@ def error_model(
 
 
 def tolerance(
-    name: str, floor: torch.Tensor, baseline_err: float | None, apriori: torch.Tensor
+    name: str, floor: torch.Tensor, baseline_err: float | None, apriori: torch.Tensor,
+    flush_err: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Elementwise tolerance: max(K_RULE * baseline_err, floor); without a baseline (or for
-    lse, which the baseline does not expose) the a-priori bound is the rule."""
+    """Elementwise tolerance: max(K_RULE * family_err, floor, K_RULE * flush_err_i);
+    ``family_err`` is the worst max abs error of the family's members, ``flush_err`` the
+    flush-to-zero member's own error on the elements its flushing changed (0 elsewhere).
+    Without a family (or for lse, which the members do not expose) the a-priori bound is
+    the rule."""
     if name not in TENSORS:
         raise ValueError(f"name must be one of {TENSORS}, got {name!r}")
     if baseline_err is None or name not in K_RULE:
         return torch.maximum(floor, apriori)
-    return torch.clamp(floor, min=K_RULE[name] * baseline_err)
+    tol = torch.clamp(floor, min=K_RULE[name] * baseline_err)
+    if flush_err is not None:
+        tol = torch.maximum(tol, K_RULE[name] * flush_err.to(tol.device))
+    return tol
 
 
 def order_share(p: torch.Tensor, es_typ: torch.Tensor, u: float) -> float:

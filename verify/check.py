@@ -7,8 +7,10 @@
    consumer below gets its own layout-preserving clone.
 3. The float64 reference on the device (out, lse; dq, dk, dv by autograd with dO), copied
    (on the device).
-4. The per-case baseline: ``reference.online_attention(precision="emulate", order="fa2")``
-   on the same inputs; its max abs error per tensor sets the rule (verify/bounds.py).
+4. The family of correct implementation choices (``reference.family.run_family``: the
+   emulated blocked kernel with one legitimate choice changed per member) on the same
+   inputs; the worst member's max abs error and RMSE per tensor set the rule
+   (verify/bounds.py), and the report names that member.
 5. Floors and a-priori bounds (verify/bounds.py), copied (on the device).
 6. Poison: every device buffer of steps 3-5 is filled with NaN before it is freed, so a
    kernel returning ``torch.empty`` that lands on the reference's or baseline's memory
@@ -57,10 +59,13 @@ from verify.metrics import abs_error, tensor_metrics
 __all__ = ["TensorReport", "Verdict", "check_case", "error_ratio", "check_nan_propagation",
            "BASELINE_BLOCK"]
 
-# Tile sizes of the emulated baseline. Large tiles keep the Python loop short; the tile
-# size does not change the baseline's error class (same roundings of P, dS and the result;
-# measured in docs/bounds.md, which also bounds the ratio of other tilings to this one).
+# Tile sizes of the emulated baseline member. Large tiles keep the Python loop short; other
+# tilings are members of the family themselves (reference/family.py).
 BASELINE_BLOCK = (128, 128)
+# The family member whose error tensor estimates the number of independent rounding sources
+# (effective_samples), and the one that strict_subnormals removes.
+BASELINE_MEMBER = "fa2_128"
+FTZ_MEMBER = "ftz"
 GRADS = ("dq", "dk", "dv")
 _FAIL_ORDER = ("raised", "input_mutated", "aliased_output", "bad_output", "masked_rows",
                "nonfinite", "nondeterministic", "subnormals_flushed", "numerical")
@@ -105,6 +110,10 @@ class TensorReport:
     # Effective independent error samples (verify/bounds.py, effective_samples); below
     # N_EFF_MIN the RMSE rule does not apply (rmse_tol = inf).
     n_eff: float = math.nan
+    # The family members (reference/family.py) whose max abs error and RMSE set the
+    # tolerances: the correct implementation choice this tensor is measured against.
+    member: str = ""
+    rmse_member: str = ""
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -122,15 +131,16 @@ class TensorReport:
         err = abs(self.got - self.want) if math.isfinite(self.got) else math.inf
         rule = ""
         if self.name in K_RULE and math.isfinite(self.baseline_err) and self.baseline_err > 0:
-            rule = f" = {self.tol / self.baseline_err:.2g} × baseline {self.baseline_err:.1e}"
+            rule = (f" = {self.tol / self.baseline_err:.2g} × family member "
+                    f"{self.member or 'baseline'} {self.baseline_err:.1e}")
         text = (f"{self.name}: {self.n_bad}/{self.numel} elements off (worst at [{idx}]: "
                 f"got {self.got:.4g}, want {self.want:.4g}, |err| {err:.1e} "
                 f"{'>' if self.n_bad else '<='} tol {self.tol:.1e}{rule})")
         if self.ratio_rmse > 1:
             k = ""
             if math.isfinite(self.baseline_rmse) and self.baseline_rmse > 0:
-                k = (f" = {self.rmse_tol / self.baseline_rmse:.2g} × baseline "
-                     f"{self.baseline_rmse:.1e}")
+                k = (f" = {self.rmse_tol / self.baseline_rmse:.2g} × family member "
+                     f"{self.rmse_member or 'baseline'} {self.baseline_rmse:.1e}")
             text += f", rmse {self.rmse:.1e} > tol {self.rmse_tol:.1e}{k}"
         return text + (f"; {self.note}" if self.note else "")
 
@@ -310,30 +320,55 @@ def _reference(inputs: Inputs, backward: bool) -> dict[str, torch.Tensor]:
     return res
 
 
-def _baseline(inputs: Inputs, ref: dict, backward: bool) -> tuple[dict, dict, list]:
-    """Max abs error and RMSE per tensor of the emulated flash kernel, its error tensors
-    (CPU), and its device buffers."""
-    try:
-        from reference import online_attention
-    except ImportError:  # older checkouts export it only from its module
-        from reference.online import online_attention
+def _family(inputs: Inputs, ref: dict, backward: bool, *, tf32: bool,
+            strict_subnormals: bool, declared=()) -> tuple[dict, dict, dict, dict, list]:
+    """Every applicable member of the family of correct implementation choices
+    (``reference.family``) on the same inputs.
 
-    leaves = [getattr(inputs, n).detach().clone().requires_grad_(backward)
-              for n in ("query", "key", "value")]
-    with torch.enable_grad():
-        out = online_attention(*leaves, block_m=BASELINE_BLOCK[0], block_n=BASELINE_BLOCK[1],
-                               order="fa2", precision="emulate", **_sdpa_kwargs(inputs))
-    got = {"out": out.detach()}
-    if backward:
-        got.update(zip(GRADS, torch.autograd.grad(out, leaves, inputs.grad_out), strict=True))
-    err_t = {n: abs_error(t, ref[n]) for n, t in got.items()}  # stays on the device
-    live = [n for n, e in err_t.items() if e.numel()]
-    flat = torch.stack([x for n in live for x in (err_t[n].max(),
-                                                   torch.sqrt((err_t[n] ** 2).mean()))]
-                       ).tolist() if live else []  # one transfer: each float() is a sync
-    errs = {n: (0, 0) for n in err_t}
-    errs.update({n: (flat[2 * i], flat[2 * i + 1]) for i, n in enumerate(live)})
-    return errs, err_t, [*got.values(), *leaves]
+    Returns, per tensor: (worst max abs error, worst RMSE) over the members, the members
+    that set them, the baseline member's error tensor (for :func:`effective_samples`), the
+    flush-to-zero allowance, and the device buffers to poison. The flush-to-zero member is
+    not part of the tensor-wide worst: where it flushes, its error is the size of the
+    flushed values themselves (up to 1e6x the other members' on tiny inputs), which would
+    excuse anything anywhere. It counts per element instead, on the elements its flushing
+    changed (:data:`FTZ_MEMBER`; ``(allowance, touched)`` per tensor, or nothing when
+    ``strict_subnormals``)."""
+    from reference.family import family_members, run_family
+
+    q = inputs.query
+    members = family_members(q.dtype, gqa=q.shape[1] != inputs.key.shape[1], tf32=tf32,
+                             declared=declared)
+    if strict_subnormals:
+        members.pop(FTZ_MEMBER, None)
+    kw = _sdpa_kwargs(inputs)
+    mask = kw.pop("attn_mask")
+    res = run_family(q, inputs.key, inputs.value, inputs.grad_out if backward else None, mask,
+                     members=members, **kw)
+    names = [m for m in res if m != FTZ_MEMBER]
+    tensors = ["out", *GRADS] if backward else ["out"]
+    stats, err_t, ftz = [], {}, {}
+    for n in tensors:
+        for m in names:
+            e = abs_error(res[m][n], ref[n])  # stays on the device
+            if m == BASELINE_MEMBER:
+                err_t[n] = e
+            stats += [e.max(), torch.sqrt((e ** 2).mean())] if e.numel() else [
+                torch.zeros((), dtype=torch.float64, device=e.device)] * 2
+        if FTZ_MEMBER in res:
+            touched = res[FTZ_MEMBER][n] != res[BASELINE_MEMBER][n]
+            ftz[n] = (torch.where(touched, abs_error(res[FTZ_MEMBER][n], ref[n]),
+                                  torch.zeros((), dtype=torch.float64, device=q.device)),
+                      touched)
+    flat = torch.stack(stats).tolist() if stats else []  # one transfer: each float() syncs
+    errs, who = {}, {}
+    for i, n in enumerate(tensors):
+        row = flat[i * 2 * len(names):(i + 1) * 2 * len(names)]
+        mx, rm = row[0::2], row[1::2]
+        j, k = max(range(len(names)), key=mx.__getitem__), max(range(len(names)),
+                                                                 key=rm.__getitem__)
+        errs[n], who[n] = (mx[j], rm[k]), (names[j], names[k])
+    scratch = [t for r in res.values() for t in r.values()]
+    return errs, who, err_t, ftz, scratch
 
 
 def _check_output(name: str, t, like: torch.Tensor, want_shape) -> str | None:
@@ -350,7 +385,11 @@ def _check_output(name: str, t, like: torch.Tensor, want_shape) -> str | None:
 
 def _report(name: str, got: torch.Tensor, want: torch.Tensor, tol: torch.Tensor,
             apriori: torch.Tensor, baseline: tuple[float, float] | None, rmse_tol: float,
-            out_dtype, n_eff: float = math.nan) -> TensorReport:
+            out_dtype, n_eff: float = math.nan,
+            members: tuple[str, str] = ("", ""),
+            flushed: torch.Tensor | None = None) -> TensorReport:
+    """``flushed``: the elements the flush-to-zero member changed; they are judged by its
+    per-element allowance (in ``tol``) and left out of the RMSE rule."""
     # An exact value beyond the output dtype's range rounds to +-inf under IEEE: that inf is
     # the correctly rounded answer, not a non-finite failure.
     od = getattr(torch, out_dtype) if isinstance(out_dtype, str) else out_dtype
@@ -378,7 +417,11 @@ def _report(name: str, got: torch.Tensor, want: torch.Tensor, tol: torch.Tensor,
         n_bad, flat, ratio, ratio_ap, got_v, want_v, tol_v, apr_max = 0, 0, 0.0, 0.0, 0.0, \
             0.0, 0.0, 0.0
         idx = ()
-    ratio_rmse = met.rmse / rmse_tol if rmse_tol > 0 else (math.inf if met.rmse > 0 else 0.0)
+    rmse = met.rmse
+    if flushed is not None and bool(flushed.any()):
+        kept = err[~flushed.to(err.device)]
+        rmse = float(torch.sqrt((kept * kept).mean())) if kept.numel() else 0.0
+    ratio_rmse = rmse / rmse_tol if rmse_tol > 0 else (math.inf if rmse > 0 else 0.0)
     baseline_err, baseline_rmse = baseline if baseline is not None else (math.nan, math.nan)
     note = ""
     if met.n_nonfinite:
@@ -394,6 +437,7 @@ def _report(name: str, got: torch.Tensor, want: torch.Tensor, tol: torch.Tensor,
         ratio=max(ratio, ratio_rmse), ratio_apriori=ratio_ap,
         passed=n_bad == 0 and ratio_rmse <= 1 and met.n_nonfinite == 0, note=note,
         rmse_tol=rmse_tol, baseline_rmse=baseline_rmse, ratio_rmse=ratio_rmse, n_eff=n_eff,
+        member=members[0], rmse_member=members[1],
     )
 
 
@@ -484,10 +528,14 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
         ref_dev = _reference(inp, backward)
     base_errs: dict[str, tuple[float, float]] = {}
     base_err_t: dict[str, torch.Tensor] = {}
+    members: dict[str, tuple[str, str]] = {}
+    ftz: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     scratch: list = []
     if baseline:
         with clock("baseline"):
-            base_errs, base_err_t, scratch = _baseline(inp, ref_dev, backward)
+            base_errs, members, base_err_t, ftz, scratch = _family(
+                inp, ref_dev, backward, tf32=case.tf32, strict_subnormals=strict_subnormals,
+                declared=k.declared.get("family", ()))
     with clock("bounds"):
         allowed, bias = _allowed_bias(inp)
         model = error_model(inp.query, inp.key, inp.value, inp.grad_out if backward else None,
@@ -501,7 +549,8 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
             apr[n] = model[n].apriori.clone()  # kept for the report; the original is poisoned
             base = base_errs.get(n)
             # tolerance() returns a new tensor, so the floor needs no copy
-            tols[n] = tolerance(n, model[n].floor, None if base is None else base[0], apr[n])
+            tols[n] = tolerance(n, model[n].floor, None if base is None else base[0], apr[n],
+                                ftz[n][0] if n in ftz else None)
             if n in base_err_t:
                 n_eff[n] = effective_samples(base_err_t[n], model[n].n_sources)
             rms_tols[n] = rms_tolerance(n, model[n].floor_acc,
@@ -582,7 +631,8 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
                 return fail("bad_output", f"lse has shape {tuple(got[n].shape)}, "
                                           f"expected {tuple(want.shape)}")
         verdict.tensors[n] = _report(n, g, want, tols[n], apr[n], base_errs.get(n), rms_tols[n],
-                                     dt, n_eff.get(n, math.nan))
+                                     dt, n_eff.get(n, math.nan), members.get(n, ("", "")),
+                                     ftz[n][1] if n in ftz else None)
     flushed = {n: k for n in verdict.tensors if n != "lse"
                for k in [_flushed_subnormals(got[n], ref[n], out_dtype)] if k}
     if flushed:

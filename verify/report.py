@@ -192,6 +192,7 @@ def _worst_tensor(entries: list[Mapping[str, Any]]) -> dict[str, Any]:
         "ratio": _f(worst.get("ratio")),
         "ratio_apriori": _f(worst.get("ratio_apriori")),
         "baseline_err": _f(worst.get("baseline_err")),
+        "member": worst.get("member", ""),
         "max_ulps": _f(worst.get("max_ulps")),
         "bias": _f(worst.get("bias")),
         "worst_of_all_max_abs": max((_f(t.get("max_abs")) for t in entries),
@@ -347,9 +348,15 @@ def status_text(c: Mapping[str, Any]) -> str:
     return text
 
 
+def _family_cell(t: Mapping[str, Any]) -> str:
+    """The worst family member's error, and which member it is (reference/family.py)."""
+    member = t.get("member") or ""
+    return fmt(t.get("baseline_err")) + (f" ({member})" if member else "")
+
+
 def _tensor_cell(t: Mapping[str, Any]) -> tuple[str, ...]:
     return (fmt(t["max_abs"]), fmt(t["tol"]), fmt(t["apriori"]), fmt(t["ratio"]),
-            fmt(t["ratio_apriori"]), fmt(t["baseline_err"]))
+            fmt(t["ratio_apriori"]), _family_cell(t))
 
 
 def _md_escape(s: str) -> str:
@@ -380,7 +387,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     fields = key_fields(report["configs"])
     lines += [
         "| " + " | ".join(fields) + " | cases | status | tensor | max abs | tolerance "
-        "| a-priori | ratio | vs a-priori | baseline err | not run |",
+        "| a-priori | ratio | vs a-priori | family worst (member) | not run |",
         "|" + "---|" * len(fields) + "---:|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for c in report["configs"]:
@@ -445,7 +452,8 @@ def render_verdict_table(verdict: Mapping[str, Any]) -> str:
     """The per-tensor table of one verdict dict (``repro`` prints it; failure summaries embed
     it). Markdown, readable as plain text."""
     head = ("tensor", "max abs", "max rel", "rmse", "bias", "ulps", "bad", "tolerance",
-            "a-priori", "ratio", "vs a-priori", "baseline", "ok", "worst index: got / want",
+            "a-priori", "ratio", "vs a-priori", "family worst (member)", "ok",
+            "worst index: got / want",
             "note")
     rows = [head]
     tensors = verdict.get("tensors") or {}
@@ -458,7 +466,7 @@ def render_verdict_table(verdict: Mapping[str, Any]) -> str:
                      fmt(t.get("bias")), fmt(t.get("max_ulps")),
                      f"{t.get('n_bad', '-')}/{t.get('numel', '-')}", fmt(t.get("tol")),
                      fmt(t.get("apriori")), fmt(t.get("ratio")), fmt(t.get("ratio_apriori")),
-                     fmt(t.get("baseline_err")), "yes" if t.get("passed") else "NO", where,
+                     _family_cell(t), "yes" if t.get("passed") else "NO", where,
                      str(t.get("note") or "")))
     if len(rows) == 1:
         return f"(no tensors compared: {verdict.get('status')}: {verdict.get('reason', '')})"
@@ -611,7 +619,7 @@ def render_html(report: Mapping[str, Any], plots: Mapping[str, str] | None = Non
     out.append("<table><tr>" + "".join(f"<th>{e(f)}</th>" for f in fields)
                + "<th>cases</th><th>status</th><th>tensor</th><th>max abs</th>"
                "<th>tolerance</th><th>a-priori</th><th>ratio</th>"
-               "<th>vs a-priori</th><th>baseline err</th><th>not run</th></tr>")
+               "<th>vs a-priori</th><th>family worst (member)</th><th>not run</th></tr>")
     for c in report["configs"]:
         tensors = list(c["tensors"].items()) or [(None, None)]
         span = len(tensors)
