@@ -272,14 +272,16 @@ def test_scale_placement_exact_for_power_of_two_scale(dtype):
                 assert torch.equal(got[0], base[0]) and torch.equal(got[1], base[1])
 
 
+@pytest.mark.parametrize("order", ["fa2", "fa1"])
 @pytest.mark.parametrize("scale_at", ["exp2", "q_exp2"])
-def test_exp2_is_exact_in_float64(scale_at):
+def test_exp2_is_exact_in_float64(scale_at, order):
     kw = make_problem(B=1, Hq=4, Hkv=2, Nq=13, Nk=17, D=8, seed=2, mask="additive",
                       is_causal=True)
     dout = torch.randn(kw["query"].shape, generator=torch.Generator().manual_seed(0),
                        dtype=torch.float64)
     want = _grads(lambda **a: reference.attention_fp64(**a, return_lse=True), kw, dout, "cpu")
-    got = _run(kw, dout, block_m=4, block_n=8, precision="exact", scale_at=scale_at)
+    got = _run(kw, dout, block_m=4, block_n=8, precision="exact", scale_at=scale_at,
+               order=order)
     for a, b in zip([got[0], *got[2]], [want[0], *want[2]], strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12 * max(b.abs().max().item(), 1.0))
     live = want[1] > -torch.inf
