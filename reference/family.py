@@ -9,8 +9,9 @@ each member, real kernels that make its choice.
 - ``FAMILY``: ordered mapping name -> keyword arguments of ``online_attention`` (every
   member spells out its block sizes; the rest default as in ``SWITCH_DEFAULTS``).
 - ``family_members(dtype, gqa=, tf32=)``: the members that apply to a problem: the GQA
-  members only when Hq != Hkv, ``p_ds_fp32`` only below fp32 (for fp32 inputs it *is*
-  the baseline), ``tf32`` only for fp32 inputs whose kernel declares TF32.
+  members only when Hq != Hkv; ``p_ds_fp32``, ``gqa_per_head_rounded`` and
+  ``gqa_expand_autograd`` only below fp32 (for fp32 inputs they *are* the baseline);
+  ``tf32`` only for fp32 inputs whose kernel declares TF32.
 - ``run_family(query, key, value, grad_out, ...)``: every member on the same inputs; per
   member the output and (with ``grad_out``) dq, dk, dv, exactly as
   ``online_attention(..., **kwargs)`` and autograd with that ``grad_out`` give them.
@@ -120,7 +121,9 @@ def family_members(dtype, *, gqa: bool, tf32: bool, declared=()) -> dict[str, di
     if not gqa:
         skip.update(_GQA_MEMBERS)
     if wide:
-        skip.add("p_ds_fp32")  # P and dS are already fp32: the member is the baseline
+        # P, dS and per-head dK/dV are already in the accumulator dtype: rounding them
+        # again changes nothing, and these members are the baseline.
+        skip.update(("p_ds_fp32", "gqa_per_head_rounded", "gqa_expand_autograd"))
     if not (tf32 and dtype == torch.float32):
         skip.add("tf32")
     return {name: dict(kw) for name, kw in FAMILY.items() if name not in skip}

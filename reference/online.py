@@ -24,12 +24,12 @@ rounded to the input dtype, which is what tensor cores do with fp32 accumulation
 That is the default. Keyword switches of ``online_attention`` select the other choices a
 correct kernel makes (reference/family.py names the kernels): ``gqa_reduce`` (GQA dK/dV
 per head in fp32, in one fp32 accumulator per kv head, or rounded per head then summed),
-``flush_subnormals`` (FTZ),
-``scale_at`` (scale on the scores, on Q, or folded with log2 e into exp2),
-``p_precision``/``ds_precision`` (P, dS rounded to the input dtype or kept in fp32),
-``ds_scale`` (scale on dS before its rounding or on dQ/dK at the end) and ``tf32`` (fp32
-inputs: matmul operands rounded to TF32 by ``round_tf32``). With every switch at its
-default the arithmetic is bit for bit that of the model before the switches existed.
+``flush_subnormals`` (FTZ), ``scale_at`` (scale on the scores or on Q, natural exp or
+folded with log2 e into exp2), ``p_precision``/``ds_precision`` (P, dS rounded to the
+input dtype or kept in fp32), ``ds_scale`` (scale on dS before its rounding or on dQ/dK at
+the end) and ``tf32`` (fp32 inputs: matmul operands rounded to TF32 by ``round_tf32``).
+With every switch at its default the arithmetic is bit for bit that of the model before
+the switches existed.
 
 The (m, ℓ) recurrence is ``online_lse_step``; the tile updates ``tile_step_fa2`` and
 ``tile_step_fa1`` are the same recurrence applied to a block max and a block sum.
