@@ -419,8 +419,10 @@ def _report(name: str, got: torch.Tensor, want: torch.Tensor, tol: torch.Tensor,
         idx = ()
     rmse = met.rmse
     if flushed is not None and bool(flushed.any()):
-        kept = err[~flushed.to(err.device)]
-        rmse = float(torch.sqrt((kept * kept).mean())) if kept.numel() else 0.0
+        # The flushed elements' errors count as 0, over the same element count as the
+        # members' RMSE (dropping them from the mean instead would inflate the kernel's).
+        kept = torch.where(flushed.to(err.device), torch.zeros_like(err), err)
+        rmse = float(torch.sqrt((kept * kept).mean()))
     ratio_rmse = rmse / rmse_tol if rmse_tol > 0 else (math.inf if rmse > 0 else 0.0)
     baseline_err, baseline_rmse = baseline if baseline is not None else (math.nan, math.nan)
     note = ""
