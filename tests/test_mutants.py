@@ -34,6 +34,12 @@ QUIET_FACTOR = 4.0
 # (the smallest planted error, fp16 accumulation on fp32 inputs, is ~2^11 times it).
 BITE_FACTOR = 64.0
 
+# Precision mutants whose error is a small multiple of a correct kernel's on their biting
+# case: name -> the smallest ratio of their error to the base's error there (BITE_FACTOR is
+# for bugs far above any rounding). p_bf16_for_fp16 rounds P with 2^-8 instead of 2^-11;
+# its out error was 3.4x the base's on its biting case.
+PRECISION_BITE = {"p_bf16_for_fp16": 2.5}
+
 BASE = dict(B=2, Hq=2, Hkv=2, Nq=16, Nk=16, D=16, dtype="float32", backward=False, seed=1)
 GRAD = dict(backward=True)
 
@@ -61,6 +67,13 @@ CASES: dict[str, tuple[dict | None, dict]] = {
     "window_off_by_one": (dict(window=(-1, 0)), dict(window=(3, 0))),
     "dk_unscaled": (dict(Nk=24), dict(Nk=24, **GRAD)),
     "gqa_grad_overwrite": (dict(Hq=4, Hkv=4, **GRAD), dict(Hq=4, Hkv=2, **GRAD)),
+    "pv_fp16_accumulation": (dict(dtype="bfloat16"), dict(Nk=64)),
+    "p_bf16_for_fp16": (dict(dtype="bfloat16", Nk=48), dict(dtype="float16", Nk=48)),
+    "lse_input_dtype": (
+        dict(Nk=24, **GRAD),
+        dict(Nk=24, dtype="bfloat16", dist={"kind": "large_logits"}, **GRAD),
+    ),
+    "ds_inconsistent": (dict(Nk=24, **GRAD), dict(Nk=24, dtype="float16", **GRAD)),
     "uninitialized_output": (None, dict()),
     "mutates_inputs": (dict(), dict()),
     "shape_cache": (dict(), dict()),
@@ -173,8 +186,16 @@ def test_bites_where_the_docstring_says(m: Mutant):
     if m.name == "mutates_inputs":
         assert not torch.equal(before.query, after.query.detach())
         return
-    base_err = _errors(case, *_run(_base_for(m), case)[:2])
+    base_out, base_grads = _run(_base_for(m), case)[:2]
+    if m.name == "ds_inconsistent":  # dQ is the base's, dK comes from another dS
+        assert torch.equal(grads[0], base_grads[0]) and not torch.equal(grads[1], base_grads[1])
+        return
+    base_err = _errors(case, base_out, base_grads)
     errs = _errors(case, out, grads)
+    if m.name in PRECISION_BITE:
+        worst = max(err / base_err[n][0] for n, (err, _) in errs.items())
+        assert worst > PRECISION_BITE[m.name], f"{m.name} did not bite on {case.short()}: {errs}"
+        return
     worst = max(err / _tolerance(base_err[n][0], mag, case.torch_dtype)
                 for n, (err, mag) in errs.items())
     assert worst > BITE_FACTOR, f"{m.name} did not bite on {case.short()}: {errs}"

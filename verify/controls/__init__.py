@@ -3,9 +3,12 @@
 The other half of the self-test (verify/selftest.py): a harness that kills every mutant but
 also fails correct kernels is useless. Each control computes the right answer by a different
 route: other tile sizes, FlashAttention-1's update order, fp32 throughout (more accurate than
-the baseline), the blocked PyTorch base of the mutants, the Triton base of the Triton mutants,
-and the references themselves (`reference`: float64 rounded to the input dtype; `online`: the
-emulated flash model). Each entry is a kernel spec for `verify.adapters.resolve_kernel`.
+the baseline), one control per correct implementation choice of docs/DESIGN.md section 5's
+family (GQA reduced per head, subnormals flushed, exp2 with a folded scale, Q prescaled, dS
+scaled before its rounding), the blocked PyTorch base of the mutants, the Triton base of the
+Triton mutants, and the references themselves (`reference`: float64 rounded to the input
+dtype; `online`: the emulated flash model). Each entry is a kernel spec for
+`verify.adapters.resolve_kernel`.
 """
 
 from __future__ import annotations
@@ -34,6 +37,13 @@ CONTROLS: tuple[Control, ...] = (
     Control("blocked_tile64", "blocked PyTorch FA2 with tiles of 64"),
     Control("fa1_order", "FA1 update order: normalised accumulator, no final division"),
     Control("fp32_throughout", "P and dS kept in fp32 (more accurate than the baseline)"),
+    Control("gqa_per_head_rounded",
+            "GQA dK/dV rounded per query head, then summed (FA2 CUDA backward)"),
+    Control("gqa_expand_autograd", "GQA by repeat_interleave of K/V; autograd sums dK/dV"),
+    Control("flush_to_zero", "subnormal inputs, P, dS and results flushed to zero (FTZ)"),
+    Control("exp2_folded_scale", "scale * log2(e) as one fp32 constant, exp2, base-2 lse"),
+    Control("q_prescaled", "Q * scale rounded to the input dtype before QK^T"),
+    Control("ds_scaled_before_round", "scale * dS rounded to the input dtype, not dS"),
     Control("triton_fwd", "Triton forward, tiles of 16 (Triton mutant base)"),
     Control("triton_tile32", "Triton forward, tiles of 32"),
     Control("reference", "float64 oracle rounded to the input dtype", builtin=True),

@@ -15,15 +15,22 @@ so the bug is the only code in its module. The hooks, in the order they run:
 - `kv_heads(Hq, Hkv, device)`: the kv head read by each query head (GQA mapping).
 - `effective_scale(scale, D)`: the softmax scale actually used.
 - `structure(Nq, Nk, ...)`: the (Nq, Nk) bool mask of causal/window rules.
+- `subnormals(t, dtype)`: applied to the inputs, P, dS and the results (default: kept).
+- `logits(q, k_tile, bias, scale, dtype)`: the scores of one key tile, in the units of `exp`.
+- `exp(x)`: the exponential of the online softmax and of the backward's recomputed P.
 - `running_max(m, s)`: the new running row max.
 - `safe_max(m)`: the max used for exp(s - m) (guards rows that are still all -inf).
 - `round_p(p, dtype)`: P as fed to P@V (and P^T@dO in the backward).
 - `update(acc, pv, alpha, l_prev, l_new)`: the accumulator after one key tile.
 - `finalize(acc, l)`: the output from the accumulator and l.
 - `log_sum_exp(m, l)`: the lse saved for the backward.
+- `store_lse(lse, dtype)`: the lse as stored between the passes (default: fp32).
 - `delta(grad_out, out)`: the backward's rowsum(dO * O).
+- `ds_scales(scale)`: (factor on dS before it is rounded, factor on dS@K and dS^T@Q).
 - `round_ds(ds, dtype)`: dS as fed to the dQ/dK matmuls.
+- `dk_ds(ds_raw, ds)`: dS as fed to the dK matmul (FA2: the same rounded dS as dQ).
 - `dk_tile(ds, q, scale)`: one key tile of dK (per query head).
+- `round_head_grad(g, dtype)`: dK/dV per query head before the GQA sum (default: fp32).
 - `reduce_kv_grad(g, kv_heads, shape)`: dK/dV per kv head from the per-query-head ones.
 - `accumulator_dtype(dtype)`: the storage dtype of acc and l.
 
@@ -58,6 +65,16 @@ class BlockedAttention:
         return structural_mask(Nq, Nk, is_causal=is_causal, causal_alignment=causal_alignment,
                                window=window, device=device)
 
+    def subnormals(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return t
+
+    def logits(self, q, k_tile, bias, scale: float, dtype: torch.dtype) -> torch.Tensor:
+        s = (q @ k_tile.transpose(-1, -2)) * scale
+        return s if bias is None else s + bias
+
+    def exp(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.exp(x)
+
     def running_max(self, m: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         return torch.maximum(m, s.amax(dim=-1))
 
@@ -77,14 +94,26 @@ class BlockedAttention:
     def log_sum_exp(self, m: torch.Tensor, l: torch.Tensor) -> torch.Tensor:
         return torch.where(l > 0, m + torch.log(l), torch.full_like(m, NEG_INF))
 
+    def store_lse(self, lse: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return lse
+
     def delta(self, grad_out: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return (grad_out.float() * out.float()).sum(dim=-1)
+
+    def ds_scales(self, scale: float) -> tuple[float, float]:
+        return 1.0, scale
 
     def round_ds(self, ds: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return ds.to(dtype).float()
 
+    def dk_ds(self, ds_raw: torch.Tensor, ds: torch.Tensor) -> torch.Tensor:
+        return ds
+
     def dk_tile(self, ds: torch.Tensor, q: torch.Tensor, scale: float) -> torch.Tensor:
         return (ds.transpose(-1, -2) @ q) * scale
+
+    def round_head_grad(self, g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return g
 
     def reduce_kv_grad(self, g: torch.Tensor, kv_heads: torch.Tensor, shape) -> torch.Tensor:
         # One query head at a time, in head order: no atomics (index_add_ on CUDA adds fp32
@@ -113,12 +142,11 @@ class BlockedAttention:
     def _tiles(self, p: Problem):
         return [(lo, min(lo + self.block_n, p.Nk)) for lo in range(0, p.Nk, self.block_n)]
 
-    def _scores(self, qf, k_tile, allowed, bias, lo, hi, p: Problem) -> torch.Tensor:
-        s = (qf @ k_tile.transpose(-1, -2)) * p.scale
-        s = s.masked_fill(~allowed[:, lo:hi], NEG_INF)
-        if bias is not None:
-            s = s + bias[..., lo:hi]
-        return s
+    def _scores(self, qf, k_tile, allowed, bias, lo, hi, p: Problem, dtype) -> torch.Tensor:
+        # Adding the bias before the structural -inf fill gives the same values as after it
+        # (-inf + finite and -inf + -inf are both -inf).
+        s = self.logits(qf, k_tile, None if bias is None else bias[..., lo:hi], p.scale, dtype)
+        return s.masked_fill(~allowed[:, lo:hi], NEG_INF)
 
     def _gathered(self, query, key, value, p: Problem):
         kvh = self.kv_heads(p.Hq, p.Hkv, query.device)
@@ -132,28 +160,32 @@ class BlockedAttention:
         dtype = query.dtype
         acc_dtype = self.accumulator_dtype(dtype)
         _, kf, vf, allowed = self._gathered(query, key, value, p)
-        qf = query.float()
+        qf = self.subnormals(query.float(), dtype)
+        kf, vf = self.subnormals(kf, dtype), self.subnormals(vf, dtype)
         m = torch.full((p.B, p.Hq, p.Nq), NEG_INF, device=query.device)
         l = torch.zeros((p.B, p.Hq, p.Nq), device=query.device, dtype=acc_dtype)
         acc = torch.zeros((p.B, p.Hq, p.Nq, p.D), device=query.device, dtype=acc_dtype)
         for lo, hi in self._tiles(p):
-            s = self._scores(qf, kf[..., lo:hi, :], allowed, bias, lo, hi, p)
+            s = self._scores(qf, kf[..., lo:hi, :], allowed, bias, lo, hi, p, dtype)
             m_new = self.running_max(m, s)
             m_use = self.safe_max(m_new)
-            pt = torch.exp(s - m_use[..., None])
-            alpha = torch.exp(m - m_use)
+            pt = self.exp(s - m_use[..., None])
+            alpha = self.exp(m - m_use)
             l_new = alpha * l.float() + pt.sum(dim=-1)
-            pv = self.round_p(pt, dtype) @ vf[..., lo:hi, :]
+            pv = self.subnormals(self.round_p(pt, dtype), dtype) @ vf[..., lo:hi, :]
             acc = self.update(acc.float(), pv, alpha, l.float(), l_new).to(acc_dtype)
             l, m = l_new.to(acc_dtype), m_new
         out = self.finalize(acc.float(), l.float())
-        return out.to(dtype), self.log_sum_exp(m, l.float())
+        lse = self.store_lse(self.log_sum_exp(m, l.float()), dtype)
+        return self.subnormals(out.to(dtype), dtype), lse
 
     def backward(self, query, key, value, bias, out, lse, grad_out, p: Problem):
         """FA2 backward: (dq, dk, dv) in the input dtype."""
         dtype = query.dtype
         kvh, kf, vf, allowed = self._gathered(query, key, value, p)
-        qf, dof = query.float(), grad_out.float()
+        qf, dof = self.subnormals(query.float(), dtype), self.subnormals(grad_out.float(), dtype)
+        kf, vf = self.subnormals(kf, dtype), self.subnormals(vf, dtype)
+        ds_pre, ds_post = self.ds_scales(p.scale)
         delta = self.delta(grad_out, out)
         lse_use = self.safe_max(lse)
         dq = torch.zeros_like(qf)
@@ -161,16 +193,20 @@ class BlockedAttention:
         dv_h = torch.zeros_like(vf)
         for lo, hi in self._tiles(p):
             k_t, v_t = kf[..., lo:hi, :], vf[..., lo:hi, :]
-            s = self._scores(qf, k_t, allowed, bias, lo, hi, p)
-            pt = torch.exp(s - lse_use[..., None])
-            dv_h[..., lo:hi, :] = self.round_p(pt, dtype).transpose(-1, -2) @ dof
+            s = self._scores(qf, k_t, allowed, bias, lo, hi, p, dtype)
+            pt = self.exp(s - lse_use[..., None])
+            p_r = self.subnormals(self.round_p(pt, dtype), dtype)
+            dv_h[..., lo:hi, :] = p_r.transpose(-1, -2) @ dof
             dp = dof @ v_t.transpose(-1, -2)
-            ds = self.round_ds(pt * (dp - delta[..., None]), dtype)
-            dq += (ds @ k_t) * p.scale
-            dk_h[..., lo:hi, :] = self.dk_tile(ds, qf, p.scale)
-        dk = self.reduce_kv_grad(dk_h, kvh, key.shape)
-        dv = self.reduce_kv_grad(dv_h, kvh, value.shape)
-        return dq.to(dtype), dk.to(dtype), dv.to(dtype)
+            ds_raw = pt * (dp - delta[..., None])
+            if ds_pre != 1.0:
+                ds_raw = ds_raw * ds_pre
+            ds = self.subnormals(self.round_ds(ds_raw, dtype), dtype)
+            dq += (ds @ k_t) * ds_post
+            dk_h[..., lo:hi, :] = self.dk_tile(self.dk_ds(ds_raw, ds), qf, ds_post)
+        dk = self.reduce_kv_grad(self.round_head_grad(dk_h, dtype), kvh, key.shape)
+        dv = self.reduce_kv_grad(self.round_head_grad(dv_h, dtype), kvh, value.shape)
+        return tuple(self.subnormals(g.to(dtype), dtype) for g in (dq, dk, dv))
 
 
 class _BlockedFunction(torch.autograd.Function):
