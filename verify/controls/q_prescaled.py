@@ -10,12 +10,19 @@ unit roundoff of |scale * q||k| — the same order as rounding q itself, so it i
 choice with a somewhat larger logit error than the baseline's fp32 multiply. The backward
 recomputes P from the same prescaled Q (it must, to match the saved lse); dQ and dK are the
 usual scale * dS K and scale * dS^T Q.
+
+It declares the choice (``capabilities["family"]``): rounding scale·Q perturbs every logit
+by up to u·|s|, which at large logits changes the softmax itself, so the harness judges a
+kernel against that member only when the kernel says it makes the choice.
 """
 
 from verify.mutants._blocked import BlockedAttention
+from verify.mutants._common import full_capabilities
 
 
 class _QPrescaled(BlockedAttention):
+    capabilities = full_capabilities(family=("q_prescaled",))
+
     def logits(self, q, k_tile, bias, scale, dtype):
         s = (q * scale).to(dtype).float() @ k_tile.transpose(-1, -2)
         return s if bias is None else s + bias

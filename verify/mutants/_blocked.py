@@ -186,7 +186,7 @@ class BlockedAttention:
         qf, dof = self.subnormals(query.float(), dtype), self.subnormals(grad_out.float(), dtype)
         kf, vf = self.subnormals(kf, dtype), self.subnormals(vf, dtype)
         ds_pre, ds_post = self.ds_scales(p.scale)
-        delta = self.delta(grad_out, out)
+        delta = self.delta(self.subnormals(grad_out.float(), dtype).to(dtype), out)
         lse_use = self.safe_max(lse)
         dq = torch.zeros_like(qf)
         dk_h = torch.zeros_like(kf)
