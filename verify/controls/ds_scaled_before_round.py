@@ -7,7 +7,9 @@ afterwards in fp32. FlashAttention's Triton backward (flash_attn/flash_attn_trit
 from it fold the scale into dS first and round scale * dS. The two differ by where one
 rounding falls;
 because the scale is not a power of two in general, the rounded values differ by about one
-input-dtype unit roundoff of |dS|. Correct.
+input-dtype unit roundoff of |dS|. Correct. No effect when the scale is a power of two (the
+default 1/sqrt(D) at D = 4, 16, 64, 256), except where scale * dS falls below the smallest
+normal of the input dtype and its rounding grid is absolute.
 """
 
 from verify.mutants._blocked import BlockedAttention

@@ -9,7 +9,8 @@ scaled Q is rounded to the input dtype, which perturbs each logit by about one i
 unit roundoff of |scale * q||k| — the same order as rounding q itself, so it is a correct
 choice with a somewhat larger logit error than the baseline's fp32 multiply. The backward
 recomputes P from the same prescaled Q (it must, to match the saved lse); dQ and dK are the
-usual scale * dS K and scale * dS^T Q.
+usual scale * dS K and scale * dS^T Q. No effect when the scale is a power of two (the
+default 1/sqrt(D) at D = 4, 16, 64, 256): then q * scale is exact.
 
 It declares the choice (``capabilities["family"]``): rounding scale·Q perturbs every logit
 by up to u·|s|, which at large logits changes the softmax itself, so the harness judges a

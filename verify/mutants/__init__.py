@@ -85,7 +85,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant("pv_fp16_accumulation", "bug", "pytorch",
            "each tile's P@V rounded to fp16 before the fp32 acc; precision, fp32/fp16"),
     Mutant("p_bf16_for_fp16", "bug", "pytorch",
-           "P rounded to bf16 (not fp16) before P@V on fp16 inputs; precision, ~4x"),
+           "P rounded to bf16 (not fp16) before P@V on fp16 inputs; precision, 3-10x"),
     Mutant("lse_input_dtype", "bug", "pytorch",
            "saved lse stored in the input dtype; precision, backward, fp16/bf16"),
     Mutant("ds_inconsistent", "bug", "pytorch",

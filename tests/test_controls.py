@@ -1,0 +1,53 @@
+"""The implementation-choice controls of verify/controls/: each makes its choice, correctly.
+
+The self-test (tests/test_selftest.py) fuzzes every control through the harness. This pins,
+against the float64 oracle and without the harness, that each control of docs/DESIGN.md
+section 5's family of correct choices (a) differs from the blocked baseline on a case where
+its choice applies (a control bit-identical to the baseline would test nothing) and (b) is
+as accurate as the baseline there, within the factor the quiet mutants get (QUIET_FACTOR of
+tests/test_mutants.py: 4x the baseline's error or 4 unit roundoffs of the magnitude).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from tests.test_mutants import BASE, GRAD, _errors, _run, _tolerance
+from verify.cases import Case
+from verify.controls import CONTROLS
+from verify.mutants._blocked import BlockedAttention
+
+# control -> a case where its choice changes the arithmetic. q_prescaled and
+# ds_scaled_before_round need a scale that is not a power of two (the default 1/sqrt(D) is
+# one for D = 16), or scaling before the rounding is exact.
+CHOICE_CASES = {
+    "gqa_per_head_rounded": dict(Hq=4, Hkv=1, Nk=32, dtype="float16", **GRAD),
+    "gqa_expand_autograd": dict(Hq=4, Hkv=1, Nk=32, dtype="float16", **GRAD),
+    "flush_to_zero": dict(Nk=48, dtype="float16", dist={"kind": "large_logits"}, **GRAD),
+    "exp2_folded_scale": dict(Nk=48, **GRAD),
+    "q_prescaled": dict(Nk=48, D=32, dtype="bfloat16", **GRAD),
+    "ds_scaled_before_round": dict(Nk=48, D=32, dtype="float16", **GRAD),
+}
+
+
+def test_every_choice_control_is_registered():
+    assert set(CHOICE_CASES) <= {c.name for c in CONTROLS}
+
+
+@pytest.mark.parametrize("name", sorted(CHOICE_CASES))
+def test_control_makes_its_choice_and_stays_accurate(name):
+    mod = importlib.import_module(f"verify.controls.{name}")
+    assert mod.__doc__ and len(mod.__doc__.split()) > 40, "docstring must name real kernels"
+    assert mod.capabilities is mod.attention.capabilities
+    case = Case(**{**BASE, **CHOICE_CASES[name]})
+    base_out, base_grads = _run(BlockedAttention(), case)[:2]
+    out, grads = _run(mod.attention, case)[:2]
+    assert not all(torch.equal(a, b) for a, b in zip((out, *grads), (base_out, *base_grads),
+                                                       strict=True)), f"{name} == baseline"
+    base_err = _errors(case, base_out, base_grads)
+    for t, (err, mag) in _errors(case, out, grads).items():
+        tol = _tolerance(base_err[t][0], mag, case.torch_dtype)
+        assert err <= tol, f"{name} on {case.short()}: {t} err {err:.3g} > {tol:.3g}"
