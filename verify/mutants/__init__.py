@@ -88,8 +88,6 @@ CATALOGUE: tuple[Mutant, ...] = (
            "P rounded to bf16 (not fp16) before P@V on fp16 inputs; precision, 3-10x"),
     Mutant("lse_input_dtype", "bug", "pytorch",
            "saved lse stored in the input dtype; precision, backward, fp16/bf16"),
-    Mutant("ds_inconsistent", "bug", "pytorch",
-           "dQ from rounded dS, dK from fp32 dS; each tensor is a correct kernel's"),
     Mutant("uninitialized_output", "adversarial", "pytorch",
            "returns torch.empty (may hold the reference's freed output)"),
     Mutant("mutates_inputs", "adversarial", "pytorch",
