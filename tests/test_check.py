@@ -233,3 +233,25 @@ def test_flushed_subnormals_are_an_observation_unless_strict():
     strict = check_case(_wrap(flush), TINY_OUT, "cpu", strict_subnormals=True)
     assert (strict.status, strict.failure) == ("fail", "subnormals_flushed")
     assert "out" in strict.reason
+
+
+@pytest.mark.parametrize("spec", [
+    "verify/controls/gqa_per_head_rounded.py:attention",
+    "verify/controls/flush_to_zero.py:attention",
+    "verify/mutants/p_bf16_for_fp16.py:attention",
+    "verify/mutants/lse_input_dtype.py:attention",
+])
+@pytest.mark.parametrize("case", [
+    Case(B=1, Hq=4, Hkv=2, Nq=40, Nk=40, D=16, dtype="float16", seed=21),
+    Case(B=1, Hq=2, Hkv=1, Nq=24, Nk=24, D=8, dtype="float16",
+         grad_dist={"kind": "tiny", "factor": 1.0}, seed=22),
+], ids=lambda c: c.short())
+def test_lazy_family_gives_the_full_familys_verdict(spec, case):
+    """The lazy path runs the other members only when the baseline member fails the kernel;
+    the verdict is the one the full family gives, and a failure names the same member."""
+    lazy, full = (check_case(spec, case, "cpu", family=f) for f in ("lazy", "full"))
+    assert (lazy.status, lazy.failure) == (full.status, full.failure), (lazy.summary(),
+                                                                        full.summary())
+    if lazy.status == "fail":
+        assert {n: t.member for n, t in lazy.tensors.items()} == \
+            {n: t.member for n, t in full.tensors.items()}

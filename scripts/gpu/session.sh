@@ -22,6 +22,11 @@
 #                                         breaks sdpa-math's fp32 subnormal case into stages
 #   bash scripts/gpu/session.sh gate      the CI gate on CUDA: --update (writes this GPU's budgets
 #                                         file, copied to $R), then the gate twice on them
+#   bash scripts/gpu/session.sh family    the family-based rule on the GPU: the harness throughput
+#                                         (sdpa-math, one process) alone first, then side by side:
+#                                         a --keep-going fuzz campaign on each PyTorch backend and
+#                                         our two kernels (FUZZ_MIN minutes, fresh seed FUZZ_SEED),
+#                                         the precision mutants (200 examples each), and the gate
 # Several phases may share one call (session.sh throughput peers); they run in this file's order.
 set -uo pipefail
 : "${1:?phase}"
@@ -62,6 +67,22 @@ if has ncu; then
     timeout -s TERM 100 ncu --clock-control none --profile-from-start off $NCU_SECTIONS \
       python3 scripts/gpu/profile_one.py --impl $impl > "$R/ncu-$impl.log" 2>&1
     el "ncu $impl exit=$?"
+  done
+fi
+if has family; then
+  el "throughput"
+  timeout -s TERM 90 python3 scripts/gpu/throughput.py --kernel sdpa-math --device cuda \
+    --profile gpu --max-n 512 --copies 3 --warmup 16 --budget-s 40 --jobs 1 \
+    --out "$R/throughput-sdpa-math-j1.json" > "$R/throughput-sdpa-math-j1.log" 2>&1
+  el "throughput exit=$?"
+  export OMP_NUM_THREADS=1
+  for k in flex sdpa-flash sdpa-efficient sdpa-cudnn sdpa-math triton triton-fa1; do
+    job "fuzz-$k" $(( ${FUZZ_MIN:-6} * 60 + 150 )) python3 -m verify fuzz --kernel "$k" --device cuda \
+      --minutes "${FUZZ_MIN:-6}" --keep-going --seed "${FUZZ_SEED:-20261201}" --out "$R/fuzz/$k"
+  done
+  for m in pv_fp16_accumulation p_bf16_for_fp16 lse_input_dtype fp16_accumulation; do
+    job "mutant-$m" 300 python3 -m verify fuzz --kernel "verify/mutants/$m.py:attention" \
+      --device cuda --examples 200 --seed 0 --out "$R/mutants/$m"
   done
 fi
 if has gate; then
