@@ -39,7 +39,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from verify.adapters import Kernel, as_kernel, describe_exception, is_clear_rejection
+from verify.adapters import (
+    Kernel,
+    as_kernel,
+    describe_exception,
+    exception_info,
+    is_clear_rejection,
+    kernel_source_root,
+)
 from verify.bounds import (
     K_RULE,
     TENSORS,
@@ -488,6 +495,8 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
                 verdict.reason = describe_exception(e)
                 verdict.timings["total"] = time.perf_counter() - t_start
                 return verdict
+            verdict.observations["exception"] = exception_info(e, kernel_source_root(k),
+                                                               "forward")
             return fail("raised", f"forward raised: {describe_exception(e)}")
     (out, lse), (out2, _) = outs
     bad = _check_output("output", out, run1.query, run1.query.shape)
@@ -513,6 +522,8 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
                 grads = torch.autograd.grad(out, [run1.query, run1.key, run1.value],
                                             run1.grad_out, allow_unused=True)
         except Exception as e:
+            verdict.observations["exception"] = exception_info(e, kernel_source_root(k),
+                                                               "backward")
             return fail("raised", f"backward raised: {describe_exception(e)}")
         for n, g, like in zip(GRADS, grads, (run1.query, run1.key, run1.value), strict=True):
             if g is None:

@@ -174,7 +174,8 @@ def diff_text(old: str, new: str, name: str) -> str:
 
 def run_gate(kernel: Any, *, kernel_spec: str, device: str, profile: str, budgets_path: Path,
              corpus: Path, update: bool, out: Path, quiet: bool = False,
-             command: list[str] | None = None, jobs: int = 1) -> int:
+             command: list[str] | None = None, jobs: int = 1,
+             case_timeout: float | None = None) -> int:
     from verify.strategies import fixed_sweep
     from verify.sweep import run_cases
 
@@ -183,7 +184,7 @@ def run_gate(kernel: Any, *, kernel_spec: str, device: str, profile: str, budget
     cases = list(fixed_sweep(profile)) + regressions
     records = run_cases(kernel, cases, device, kernel_spec=kernel_spec,
                         failures_dir=out / "failures", what=f"gate[{profile}]", quiet=quiet,
-                        jobs=jobs)
+                        jobs=jobs, case_timeout=case_timeout)
     header = R.make_header(kernel=kernel_spec, device=device, command=command, profile=profile,
                            regressions=len(regressions))
     rep = R.build_report(records, header=header)
