@@ -33,8 +33,21 @@ import torch.nn.functional as F
 _LARGE = 8  # more query rows than this trip the misbehaving kernels
 
 
+def _causal_into_mask(query, key, attn_mask):
+    """SDPA refuses a mask together with is_causal: fold the (top-left) causal rule in."""
+    causal = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool,
+                        device=query.device).tril()
+    if attn_mask is None:
+        return causal
+    if attn_mask.dtype == torch.bool:
+        return attn_mask & causal
+    return attn_mask.masked_fill(~causal, float("-inf"))
+
+
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
           enable_gqa=False):
+    if is_causal and attn_mask is not None:
+        attn_mask, is_causal = _causal_into_mask(query, key, attn_mask), False
     return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
                                           is_causal=is_causal, scale=scale,
                                           enable_gqa=enable_gqa)
@@ -91,15 +104,7 @@ def random_order(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
     perm = torch.randperm(nk, generator=torch.Generator().manual_seed(_RNG.getrandbits(62)))
     perm = perm.to(key.device)
     if is_causal:  # keep the causal structure: express it as a mask before permuting
-        nq = query.shape[-2]
-        causal = torch.ones(nq, nk, dtype=torch.bool, device=query.device).tril()
-        if attn_mask is None:
-            attn_mask = causal
-        elif attn_mask.dtype == torch.bool:
-            attn_mask = attn_mask & causal
-        else:
-            attn_mask = attn_mask.masked_fill(~causal, float("-inf"))
-        is_causal = False
+        attn_mask, is_causal = _causal_into_mask(query, key, attn_mask), False
     if attn_mask is not None:
         attn_mask = attn_mask.expand(*attn_mask.shape[:-1], nk).index_select(-1, perm)
     return _sdpa(query, key.index_select(-2, perm), value.index_select(-2, perm), attn_mask,
