@@ -105,6 +105,12 @@ CUDA_ERROR_MARKERS = (
 )
 
 
+# The verdict of a write-ahead file (``inflight/inflight-<id>.json``).
+INFLIGHT_VERDICT = {"status": "in_flight", "failure": None,
+                    "reason": "written before the case ran; a file left here means the "
+                              "campaign stopped while it ran"}
+
+
 class SupervisorError(RuntimeError):
     """A worker could not be started, or the harness itself raised inside one (a bug in the
     harness, not a kernel failure). The CLI prints it as one line and exits 2."""
@@ -317,6 +323,7 @@ class Supervisor:
         self._spare: _Worker | None = None
         self._times: deque[float] = deque(maxlen=TIMING_WINDOW)
         self.kernel_root: str | None = None
+        self._inflight_head: str | None = None
         self.started = 0  # workers started, for reports and tests
 
     # -- workers ---------------------------------------------------------------------------
@@ -479,15 +486,26 @@ class Supervisor:
     def _write_ahead(self, case: Any) -> Path | None:
         if self.inflight_dir is None:
             return None
-        from verify.cases import save_case_file
-        from verify.sweep import case_digest
+        import hashlib
+        import json
 
-        self.inflight_dir.mkdir(parents=True, exist_ok=True)
-        path = self.inflight_dir / f"inflight-{case_digest(case)}.json"
-        save_case_file(path, case, kernel=self.spec, device=self.device,
-                       verdict={"status": "in_flight", "failure": None,
-                                "reason": "written before the case ran; a file left here "
-                                          "means the campaign stopped while it ran"})
+        from verify.cases import CASE_FILE_FORMAT, CASE_VERSION
+
+        # The case file of save_case_file, written directly: this runs before every case,
+        # and the case's JSON serves both the name (as in failure_id) and the content.
+        plain = getattr(case, "case", case)  # a TensorCase: its Case (tensors stay where
+        payload = plain.to_json(sort_keys=True)  # they are; the in-flight file names them)
+        digest = hashlib.sha1((case.to_json(sort_keys=True) if plain is case else
+                               repr(case.to_dict())).encode()).hexdigest()[:10]
+        if self._inflight_head is None:
+            self.inflight_dir.mkdir(parents=True, exist_ok=True)
+            self._inflight_head = (
+                f'{{"format": {json.dumps(CASE_FILE_FORMAT)}, "version": {CASE_VERSION}, '
+                f'"kernel": {json.dumps(self.spec)}, "device": {json.dumps(self.device)}, '
+                f'"verdict": {json.dumps(INFLIGHT_VERDICT)}, "case": ')
+        path = self.inflight_dir / f"inflight-{digest}.json"
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self._inflight_head + payload + "}\n")
         return path
 
     @staticmethod
