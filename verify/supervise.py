@@ -214,6 +214,7 @@ def _worker_main(conn, spec: str, device: str, threads: int | None, dump_path: s
             return
         if op == "stop":
             return
+        case = None
         try:
             if op == "caps":
                 caps = {k: v for k, v in kernel.capabilities.items() if not callable(v)}
@@ -247,8 +248,24 @@ def _worker_main(conn, spec: str, device: str, threads: int | None, dump_path: s
             conn.send(("verdict", d, poisoned))
             if poisoned:
                 return
-        except Exception:
-            conn.send(("harness_error", traceback.format_exc()))
+        except Exception as e:
+            if case is None or not _is_cuda_error(str(e)):
+                conn.send(("harness_error", traceback.format_exc()))
+                continue
+            # An asynchronous CUDA error of the kernel surfacing in a later harness call: the
+            # case fails with it and the context is unusable.
+            from verify.adapters import exception_info
+            from verify.check import Verdict
+
+            verdict = Verdict(case=case, kernel=spec, device=device, status="fail",
+                              failure="cuda_error",
+                              reason=f"CUDA error after the kernel ran: {describe_exception(e)}")
+            verdict.observations["exception"] = exception_info(e, kernel_source_root(kernel),
+                                                               "harness")
+            d = verdict.to_dict()
+            d.pop("case")
+            conn.send(("verdict", d, True))
+            return
 
 
 # ------------------------------------------------------------------------------------------
