@@ -6,6 +6,7 @@ pins to Nq = 9. The capability probes call kernels with 4 query rows, so probing
 them.
 
 - :func:`segv_large`: kills its own process with SIGSEGV (a kernel's invalid memory access).
+- :func:`segv_always`: the same on every call, the capability probes included.
 - :func:`abort_large`: ``os.abort()`` (a failed C assertion).
 - :func:`hang_large`: blocks forever (a deadlock).
 - :func:`first_use_wrong`: 1% off the first time a (shape, dtype) is seen in a process, right
@@ -134,3 +135,9 @@ def cuda_error_large(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
         raise RuntimeError("CUDA error: an illegal memory access was encountered\nCUDA kernel "
                            "errors might be asynchronously reported at some other API call")
     return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+
+def segv_always(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                enable_gqa=False):
+    """Crashes on every call, the capability probes' included."""
+    os.kill(os.getpid(), signal.SIGSEGV)

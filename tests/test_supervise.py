@@ -102,6 +102,15 @@ def test_campaign_keeps_the_failure_and_its_replay_fails_the_same_way(name, cls,
         assert "fail" in status
 
 
+def test_a_kernel_that_crashes_on_the_probes_is_a_failure_not_a_usage_error(tmp_path):
+    rc, _ = _fuzz("segv_always", tmp_path / "fz", "--examples", "5")
+    assert rc == 1
+    (f,) = (tmp_path / "fz" / "failures").glob("*.json")
+    _, meta = load_case_file(f)
+    assert meta["verdict"]["failure"] == "crashed"
+    assert "SIGSEGV" in meta["verdict"]["reason"]
+
+
 def test_flaky_failures_say_first_use_or_random(tmp_path):
     kinds = {}
     for name in ("first_use_wrong", "random_wrong"):

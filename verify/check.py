@@ -20,7 +20,10 @@
 8. Metrics (verify/metrics.py) -> tolerance -> verdict.
 
 Failure classes: ``raised``, ``input_mutated``, ``aliased_output``, ``bad_output`` (shape,
-dtype or device), ``nonfinite``, ``nondeterministic``, ``numerical``.
+dtype or device), ``nonfinite``, ``nondeterministic``, ``numerical``. A ``raised`` verdict
+records ``observations["exception"]`` (type, message, innermost frame in the kernel's code)
+for root-cause deduplication. The supervised workers add ``crashed``, ``timeout`` and
+``cuda_error``, and ``fuzz`` adds ``flaky`` (verify/supervise.py, verify/fuzz.py).
 
 :func:`check_nan_propagation` is a separate observation (reported, never failed): a NaN is
 put into one key (or query) element, and the rows that became NaN are compared with the

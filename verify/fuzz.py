@@ -183,7 +183,7 @@ class Campaign:
             self.examples = DEFAULT_EXAMPLES
         import torch
 
-        from verify.supervise import Supervisor
+        from verify.supervise import ProbeCrashed, Supervisor
 
         dev = torch.device(self.device).type
         if self.max_n is None:
@@ -191,8 +191,14 @@ class Campaign:
         self.out = Path(self.out)
         self.sup = Supervisor(self.kernel_spec, self.device, case_timeout=self.case_timeout,
                               failures_dir=self.out / "failures")
+        self.probe_crash: str | None = None
         try:
-            caps = self.sup.capabilities()
+            try:
+                caps = self.sup.capabilities()
+            except ProbeCrashed as e:
+                # Recorded as a failure by run(); draw from the declared capabilities alone.
+                self.probe_crash = str(e)
+                caps = {}
             self.capabilities = caps
             self.draw_dtypes = draw_dtypes(caps, self.device, self.dtypes)
             from verify.strategies import cases
@@ -312,6 +318,9 @@ class Campaign:
         from verify.sweep import _remove_failure_files, case_size, write_failure
 
         entry = self.causes.get(sig)
+        if verdict.case_file and (entry is None or Path(verdict.case_file) != entry["path"]):
+            _remove_failure_files(verdict.case_file)  # written at once (a crash); one per cause
+            verdict.case_file = None
         if entry is None:
             return
         info = entry["verdict"].observations["root_cause"]
@@ -431,7 +440,7 @@ class Campaign:
     def _record_strays(self) -> None:
         """Failures of another kind met while one was being shrunk: per failure class (or root
         cause) the smallest of them, unshrunk, unless that kind is recorded already."""
-        from verify.sweep import case_size
+        from verify.sweep import _remove_failure_files, case_size
 
         smallest: dict[tuple, tuple[Any, Any, int]] = {}
         for case, verdict in self.strays:
@@ -449,6 +458,11 @@ class Campaign:
             self._write(case, verdict, note=f"found while another failure was being shrunk "
                                             f"({n} such case(s)); recorded unshrunk, the "
                                             f"smallest of them")
+        # Crash-class strays were written at once; every kind is recorded now, so the files
+        # of the others are duplicates.
+        for _, verdict in self.strays:
+            if verdict.case_file and Path(verdict.case_file) not in self.found:
+                _remove_failure_files(verdict.case_file)
         self.strays.clear()
 
     def _recheck_leftovers(self) -> None:
@@ -466,6 +480,21 @@ class Campaign:
             p.unlink(missing_ok=True)
             if verdict.status == "fail":
                 self._write(case, verdict, note="an in-flight case of an earlier campaign fails")
+
+    def _record_probe_crash(self) -> None:
+        """The kernel took its worker down on the capability probes: check the case closest
+        to the probes' inputs (the probes run first inside every check) in a fresh worker and
+        record what happened; a crash there is the failure, else the probe crash itself."""
+        from verify.cases import Case
+        from verify.check import Verdict
+
+        print(f"note: {self.probe_crash}")
+        case = Case(B=1, Hq=2, Hkv=2, Nq=4, Nk=4, D=16, dtype=self.draw_dtypes[0])
+        verdict = self.sup.check(case, fresh=True, confirm=False)
+        if verdict.status != "fail":
+            verdict = Verdict(case=case, kernel=self.kernel_spec, device=self.device,
+                              status="fail", failure="crashed", reason=self.probe_crash)
+        self._write(case, verdict)
 
     def run(self) -> int:
         import signal
@@ -502,7 +531,9 @@ class Campaign:
                       else self.deadline - t0, quiet=self.quiet) as bar:
             try:
                 self._recheck_leftovers()
-                while True:
+                if self.probe_crash is not None:
+                    self._record_probe_crash()
+                while self.probe_crash is None:
                     left = (self.examples - self.calls) if self.examples is not None else 10**9
                     if left <= 0 or self._past_deadline():
                         break

@@ -116,6 +116,11 @@ class SupervisorError(RuntimeError):
     harness, not a kernel failure). The CLI prints it as one line and exits 2."""
 
 
+class ProbeCrashed(SupervisorError):
+    """The kernel crashed or hung on the tiny inputs that probe its capabilities: a failure
+    of the kernel (``fuzz`` records it and exits 1), not a usage error."""
+
+
 @dataclass
 class _Worker:
     proc: Any
@@ -467,7 +472,7 @@ class Supervisor:
         w = self._worker(0, fresh=False)
         self._await_ready(w)
         w.conn.send(("caps", None))
-        end = time.perf_counter() + START_TIMEOUT_S
+        end = time.perf_counter() + self.timeout()
         while True:
             if w.conn.poll(POLL_S):
                 try:
@@ -477,15 +482,17 @@ class Supervisor:
                 if msg is None:
                     why = w.exit_text()
                     self._kill(w)
-                    raise SupervisorError(f"the kernel {self.spec!r} took its worker down while "
-                                          f"its capabilities were probed: {why}")
+                    raise ProbeCrashed(f"the kernel {self.spec!r} took its worker down while "
+                                       f"its capabilities were probed: {why}")
                 if msg[0] == "harness_error":
                     raise SupervisorError(f"probing {self.spec!r} failed: {msg[1].strip()}")
                 return msg[1]
             if not w.proc.is_alive() or time.perf_counter() > end:
-                why = w.exit_text() if not w.proc.is_alive() else "no answer"
+                why = w.exit_text() if not w.proc.is_alive() else \
+                    f"no answer within {self.timeout():g} s"
                 self._kill(w)
-                raise SupervisorError(f"probing the capabilities of {self.spec!r}: {why}")
+                raise ProbeCrashed(f"the kernel {self.spec!r} took its worker down while its "
+                                   f"capabilities were probed: {why}")
 
     # -- timeouts --------------------------------------------------------------------------
 
@@ -571,8 +578,10 @@ class Supervisor:
                     w.state = "busy"
                     w.conn.send(("check", cases[i], hint))
                     busy[slot] = w
-                if fresh and queue and self._spare is None:
-                    self._spare = self._spawn()  # forks while this case runs
+                if fresh and self._spare is None:
+                    # Forks and starts while this case runs: the next fresh case (the next
+                    # shrink candidate) finds it ready.
+                    self._spare = self._spawn()
                 if not busy:
                     continue
                 now = time.perf_counter()

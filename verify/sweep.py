@@ -1,10 +1,11 @@
 """Running a list of cases against one kernel, and recording failures as case files.
 
 Shared by ``flashcheck run``, ``gate``, ``fuzz`` and ``repro``: :func:`run_cases` checks each
-case, turns each verdict into the dict the report consumes (``Verdict.to_dict()`` plus the
-configuration key, the summary line and, for a failure, the case file it was written to), and
-:func:`write_failure` writes ``DIR/<id>.json`` (the case file: case, kernel spec, versions,
-device, verdict) and ``DIR/<id>.md`` (a human summary with the replay command).
+case in supervised worker processes (verify/supervise.py), turns each verdict into the dict
+the report consumes (``Verdict.to_dict()`` plus the configuration key, the summary line and,
+for a failure, the case file it was written to), and :func:`write_failure` writes
+``DIR/<id>.json`` (the case file: case, kernel spec, versions, device, verdict) and
+``DIR/<id>.md`` (a human summary with the replay command).
 
 Caveat: a failure id is the failure class plus a hash of the case JSON, so the same failing
 case found twice overwrites its own file instead of piling up copies.
@@ -222,11 +223,13 @@ def _not_run(case: Any, kernel_spec: str, device: str, reason: str) -> dict[str,
 
 
 class Prefetch:
-    """Draws case i+1's inputs (``Case.draw``, CPU work that releases the GIL) in a thread
-    while case i runs. ``take(i)`` returns case i's draw, or None, and the caller then
-    materializes the case itself: for anything but a :class:`~verify.cases.Case` (a
-    ``TensorCase`` loads captured tensors, which must not be replaced by a draw), and for a
-    draw that raised, whose error then comes from the caller's own draw, as it always did."""
+    """(For in-process callers; a supervised worker draws the next case itself, from the
+    ``next_case`` the parent sends with each case.) Draws case i+1's inputs (``Case.draw``,
+    CPU work that releases the GIL) in a thread while case i runs. ``take(i)`` returns case
+    i's draw, or None, and the caller then materializes the case itself: for anything but a
+    :class:`~verify.cases.Case` (a ``TensorCase`` loads captured tensors, which must not be
+    replaced by a draw), and for a draw that raised, whose error then comes from the
+    caller's own draw, as it always did."""
 
     def __init__(self, cases: list[Any]):
         import concurrent.futures as cf
