@@ -64,16 +64,16 @@ TARGET_CAP = 1e6
 
 
 # Shrinking a crash-class failure runs each candidate in a fresh worker: a fork plus the
-# kernel's import (~0.1-0.5 s on the CPU; on a GPU add a CUDA context and the Triton compile,
-# ~5-20 s). Hypothesis's shape-reducing passes over our case strategy take ~30-60 candidates
-# (the long_rows_off shrink in tests/test_cli.py takes ~40), so 64 lets them finish; the
+# kernel's import (~0.4 s measured on the CPU; on a GPU add a CUDA context and the Triton
+# compile). Measured: tests/misbehaving_kernels.py's segv_large goes from its first failure
+# (N <= 32) to Nq = 9 in 24 fresh-worker candidates, so 64 lets such shrinks finish; the
 # smallest case so far is recorded when the cap is hit.
 MAX_FRESH_SHRINK = 64
 # A candidate that hangs costs a whole case timeout (60 s and up by default); those that
-# pass cost a normal case. Each hanging candidate is one accepted shrink step, and reducing
-# B, H, N and D of our cases takes ~10-20 steps (measured on tests/misbehaving_kernels.py's
-# hang_large), so 24 hanging candidates (~25 min at the default timeout) let a hang shrink
-# to its boundary; --minutes cuts it shorter, keeping the smallest case so far.
+# pass cost a normal case. Measured: hang_large shrinks to Nq = 9 in 25 candidates taking
+# 19 s at a 1 s timeout, so ~12 of them hung; 24 hanging candidates (~25 min at the default
+# timeout) leave room for larger cases, and --minutes cuts it shorter, keeping the smallest
+# case so far.
 MAX_TIMEOUT_SHRINK = 24
 # Re-checks of a shrunk (non-crash) failure before it is written: Hypothesis's final replay is
 # one; two more in the same worker catch a kernel wrong at random with probability
