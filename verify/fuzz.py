@@ -241,6 +241,7 @@ class Campaign:
             note(case.short())
             verdict = self.sup.check(case, fresh=fresh)
             state["last"] = (case, verdict)
+            state["outcomes"].setdefault(case, []).append(_brief(verdict))
             if failing and verdict.failure == "timeout":
                 state["timeouts"] += 1
             bar.advance(case.short()[:60])
@@ -373,21 +374,51 @@ class Campaign:
             return ("history", "passes in fresh workers: wrong only after what earlier cases "
                     "did in the campaign's worker", runs)
         if n_fail == n:
-            return ("fresh_fails", "fails every time in a fresh worker; the campaign's replay "
-                    "passed after earlier cases", runs)
+            return ("fresh_fails", "fails every time in a fresh worker (in the campaign's "
+                    "worker, after earlier cases, a run disagreed)", runs)
         return "random", f"wrong at random: {n_fail} of {n} runs in fresh workers failed", runs
 
-    def _record_flaky(self, case: Any, first: Any, replay: Any) -> None:
+    def _record_flaky(self, case: Any, first: Any, replay: Any,
+                      unshrunk: tuple[Any, Any] | None = None,
+                      changed: dict | None = None) -> None:
+        """One ``flaky`` failure with both verdicts and the fresh-worker classification.
+
+        Shrinking a failure that comes and goes drifts toward cases where it barely shows, so
+        when the shrunk case failed in fewer than half of its fresh-worker runs, the first
+        failing case of the campaign (``unshrunk``) is classified too, and the one that
+        failed more often is kept: the file's replay should reproduce it."""
         from verify.check import Verdict
 
         kind, text, runs = self._classify_flaky(case)
+        note = ""
+        if unshrunk is not None and unshrunk[0] != case and _fail_rate(runs) < 0.5:
+            kind2, text2, runs2 = self._classify_flaky(unshrunk[0])
+            if _fail_rate(runs2) > _fail_rate(runs):
+                note = (f"kept the campaign's first failing case: it failed "
+                        f"{_fail_rate(runs2):.0%} of its fresh-worker runs, the shrunk case "
+                        f"{case.short()} {_fail_rate(runs):.0%}")
+                case, first = unshrunk
+                kind, text, runs = kind2, text2, runs2
+        reason = f"first run: {_brief(first)}; replay: {_brief(replay)}; {text}"
+        if _brief(first) == _brief(replay) and changed:
+            other, outcomes = next(iter(changed.items()))
+            where = "this case" if other == case else f"the shrink candidate {other.short()}"
+            reason += f"; in the campaign, {where} gave {', '.join(outcomes)}"
+        if note:
+            reason = (f"first run: {_brief(first)}; the shrunk case gave {_brief(replay)} on "
+                      f"replay; {text}; {note}")
         verdict = Verdict(case=case, kernel=self.kernel_spec, device=self.device,
-                          status="fail", failure="flaky",
-                          reason=f"first run: {_brief(first)}; replay: {_brief(replay)}; {text}",
+                          status="fail", failure="flaky", reason=reason,
                           tensors=dict(first.tensors), timings=dict(first.timings))
         verdict.observations["flaky"] = {
             "kind": kind, "classification": text, "reruns_fresh_worker": runs,
+            "fail_rate_fresh_worker": _fail_rate(runs),
             "first": _plain_verdict(first), "replay": _plain_verdict(replay)}
+        if note:
+            verdict.observations["flaky"]["kept"] = note
+        if changed:
+            verdict.observations["flaky"]["changed_in_campaign"] = [
+                {"case": c.to_dict(), "outcomes": o} for c, o in changed.items()]
         self.known.add(signature(case, first))
         self._write(case, verdict)
 
@@ -400,7 +431,10 @@ class Campaign:
         if flaky:
             replay = state["last"][1] if state["last"] and state["last"][0] == case \
                 else self.sup.check(case)
-            self._record_flaky(case, verdict, replay)
+            # Hypothesis may have seen another case (a shrink candidate) change its outcome
+            changed = {c: o for c, o in state["outcomes"].items() if len(set(o)) > 1}
+            self._record_flaky(case, verdict, replay, unshrunk=state["first"],
+                               changed=changed)
         elif verdict.failure in CRASH_CLASSES or stopped:
             note = "" if not stopped else "shrinking stopped (budget or shrink cap); " \
                                           "recording the smallest failing case so far"
@@ -408,7 +442,7 @@ class Campaign:
         else:
             other = self._confirm(case, verdict)
             if other is not None:
-                self._record_flaky(case, verdict, other)
+                self._record_flaky(case, verdict, other, unshrunk=state["first"])
             else:
                 self._write(case, verdict)
         self.known.add(signature(first_case, first))
@@ -538,7 +572,8 @@ class Campaign:
                     if left <= 0 or self._past_deadline():
                         break
                     state = {"key": None, "cls": None, "fresh": False, "fresh_runs": 0,
-                             "timeouts": 0, "best": None, "first": None, "last": None}
+                             "timeouts": 0, "best": None, "first": None, "last": None,
+                             "outcomes": {}}
                     try:
                         self._run_once(bar, left, state, round_no)
                     except _StopCampaign:
@@ -595,6 +630,12 @@ def shrink_key_of(verdict_dict: dict) -> tuple:
     from verify.supervise import root_cause
 
     return root_cause(verdict_dict) or (verdict_dict.get("failure"),)
+
+
+def _fail_rate(runs: list) -> float:
+    """Share of failing runs in :meth:`Campaign._classify_flaky`'s pairs (0 when none ran)."""
+    flat = [r for pair in runs for r in pair]
+    return sum(r != "pass" for r in flat) / len(flat) if flat else 0.0
 
 
 def _brief(verdict: Any) -> str:

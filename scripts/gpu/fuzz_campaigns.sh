@@ -17,6 +17,7 @@
 set -uo pipefail
 PHASES=" ${*:-illegal random healthy} "
 has() { [[ "$PHASES" == *" $1 "* ]]; }
+DEVICE=${DEVICE:-cuda}  # DEVICE=cpu: a dry run of the script's logic (random, healthy)
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TRITON_CACHE_DIR=$PWD/.tcache
 R=$PWD/gpu_campaigns; mkdir -p "$R" "$TRITON_CACHE_DIR"
 T0=$(date +%s)
@@ -33,7 +34,7 @@ expect() {  # expect NAME WANT_RC GOT_RC [GREP_PATTERN FILE]
 fuzz() {  # fuzz NAME SECONDS ARGS...: one campaign, its log and exit status
   local name=$1 t=$2; shift 2
   el "fuzz $name" >&2
-  timeout -s TERM "$t" python -m verify fuzz --device cuda --out "$R/$name" "$@" \
+  timeout -s TERM "$t" python -m verify fuzz --device "$DEVICE" --out "$R/$name" "$@" \
     > "$R/$name.log" 2>&1
   echo $?
 }
@@ -41,7 +42,7 @@ replay() {  # replay NAME KERNEL CLASS: the campaign's failure file in a fresh p
   local name=$1 kernel=$2 cls=$3 f
   f=$(ls "$R/$name/failures/"*.json 2>/dev/null | head -1)
   if [ -z "$f" ]; then echo "FAIL $name: no failure file" | tee -a "$SUMMARY"; return; fi
-  python -m verify repro "$f" --kernel "$kernel" --device cuda > "$R/$name-repro.log" 2>&1
+  python -m verify repro "$f" --kernel "$kernel" --device "$DEVICE" > "$R/$name-repro.log" 2>&1
   expect "$name replay" 1 $? "$cls" "$R/$name-repro.log"
 }
 {
@@ -64,7 +65,7 @@ if has illegal; then
     "$R/illegal_async.log"
   replay illegal_async $K:illegal_address_async "fail"
   el "run --jobs 4 (sweep with faults)"
-  timeout -s TERM 240 python -m verify run --kernel $K:illegal_address_large --device cuda \
+  timeout -s TERM 240 python -m verify run --kernel $K:illegal_address_large --device "$DEVICE" \
     --jobs 4 --budget-s 180 --out "$R/illegal_run" --quiet > "$R/illegal_run.log" 2>&1
   rc=$?
   expect "illegal_run: sweep exits 1 and keeps every record" 1 "$rc" "cuda_error" \
