@@ -221,6 +221,10 @@ class Campaign:
     def _past_deadline(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
 
+    def _observe(self, case: Any, verdict: Any) -> None:
+        """Called with every verdict of the property (an extension point: the mutation
+        self-test records them; verify/selftest.py)."""
+
     def _property(self, bar: Progress, state: dict):
         from hypothesis import note, reject, target
 
@@ -240,6 +244,7 @@ class Campaign:
             self.calls += 1
             note(case.short())
             verdict = self.sup.check(case, fresh=fresh)
+            self._observe(case, verdict)
             state["last"] = (case, verdict)
             state["outcomes"].setdefault(case, []).append(_brief(verdict))
             if failing and verdict.failure == "timeout":
