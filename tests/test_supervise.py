@@ -251,6 +251,19 @@ def test_sigterm_keeps_what_was_found(tmp_path):
     assert list((out / "failures").glob("timeout-*.json"))
 
 
+def test_the_campaign_process_never_imports_the_kernel(tmp_path):
+    """Our Triton kernel runs in the workers only: the parent of `fuzz` never imports
+    ``kernels``, nor Triton's JIT of it, and still gets verdicts from it."""
+    code = ("import sys; from verify import cli; "
+            f"rc = cli.main(['fuzz', '--kernel', 'triton', '--device', 'cpu', '--examples', "
+            f"'2', '--seed', '1', '--max-n', '8', '--dtypes', 'float32', '--out', "
+            f"{str(tmp_path / 'fz')!r}, '--quiet']); "
+            "print('rc', rc, 'kernels' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300, env=ENV, cwd=ROOT)
+    assert r.stdout.strip().splitlines()[-1] == "rc 0 False", r.stdout + r.stderr
+
+
 @pytest.mark.parametrize(("argv", "needle"), [
     (["fuzz", "--kernel", "online", "--case-timeout", "0"], "--case-timeout"),
     (["run", "--device", "cpu", "--case-timeout", "inf"], "--case-timeout"),

@@ -352,6 +352,8 @@ class Campaign:
         None when every run agrees."""
         key = shrink_key(verdict)
         for _ in range(CONFIRM_RUNS):
+            if self._past_deadline():
+                break
             again = self.sup.check(case)
             if again.status != "fail" or shrink_key(again) != key:
                 return again

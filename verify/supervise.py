@@ -590,12 +590,15 @@ class Supervisor:
                 wait_s = max(0.0, min(min(w.t0 + w.limit - now for w in busy.values()), POLL_S))
                 ready = _wait_conns([w.conn for w in busy.values()], timeout=wait_s)
                 for slot, w in list(busy.items()):
-                    if w.conn in ready:
+                    alive = w.proc.is_alive()
+                    # A worker that exits right after its last message (a poisoned one) has
+                    # the message in the pipe: read it before calling the exit a crash.
+                    if w.conn in ready or (not alive and w.conn.poll(0)):
                         try:
                             msg = w.conn.recv()
                         except (EOFError, OSError):
                             msg = None
-                    elif not w.proc.is_alive():
+                    elif not alive:
                         msg = None
                     elif time.perf_counter() > w.t0 + w.limit:
                         msg = ("timeout",)
