@@ -200,6 +200,31 @@ def test_default_timeout_follows_the_median_and_leaves_first_cases_out():
     assert Supervisor("sdpa-math", "cpu", case_timeout=3).timeout() == 3
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
 def test_killed_parent_leaves_an_in_flight_case_that_the_next_campaign_records(tmp_path):
     """Write-ahead: SIGKILL the campaign while a case hangs; its in-flight case file is on
     disk, and a campaign started in the same directory re-checks it first."""
@@ -214,11 +239,17 @@ def test_killed_parent_leaves_an_in_flight_case_that_the_next_campaign_records(t
         while time.monotonic() < end and not list((out / "inflight").glob("*.json")):
             time.sleep(0.2)
         time.sleep(1.0)  # let it be stuck in the hanging case
+        family = _descendants(proc.pid)
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
     finally:
         if proc.poll() is None:
             proc.kill()
+    # the hung worker (and the fork server it keeps alive) go with the campaign
+    end = time.monotonic() + 10
+    while time.monotonic() < end and any(_alive(p) for p in family):
+        time.sleep(0.2)
+    assert not [p for p in family if _alive(p)]
     left = list((out / "inflight").glob("inflight-*.json"))
     assert len(left) == 1
     case, meta = load_case_file(left[0])

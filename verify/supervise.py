@@ -95,6 +95,9 @@ DUMP_GRACE_S = 1.0
 # killed from outside whose pipe end stays open in a grandchild). Short enough for the
 # timeouts' resolution, long enough to cost nothing.
 POLL_S = 0.5
+# How often a worker checks that the campaign process still exists (_watch_parent): a worker
+# left behind by a killed campaign goes within a second, at the cost of one kill(pid, 0).
+PARENT_POLL_S = 1.0
 
 # Substrings (lower case) of a CUDA error that leaves the context unusable. From the CUDA
 # runtime's error strings (cudaErrorIllegalAddress, cudaErrorLaunchFailure, cudaErrorAssert,
@@ -179,18 +182,37 @@ def _die_with_parent() -> None:
         pass
 
 
+def _watch_parent(pid: int) -> None:
+    """Exit when the campaign process is gone. A worker is forked from the forkserver, not
+    from the campaign, so PDEATHSIG fires only when the server goes, and the server stays up
+    while any worker holds its liveness pipe: without this a worker stuck in a hung kernel
+    would outlive a killed campaign, and keep the server alive too."""
+    while True:
+        time.sleep(PARENT_POLL_S)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            os._exit(70)
+        except PermissionError:
+            pass
+
+
 def _is_cuda_error(text: str) -> bool:
     low = text.lower()
     return any(m in low for m in CUDA_ERROR_MARKERS)
 
 
-def _worker_main(conn, spec: str, device: str, threads: int | None, dump_path: str) -> None:
+def _worker_main(conn, spec: str, device: str, threads: int | None, dump_path: str,
+                 parent_pid: int) -> None:
     import concurrent.futures as cf
     import faulthandler
+    import threading
     import traceback
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt does
     _die_with_parent()
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True,
+                     name="watch-parent").start()
     dump = open(dump_path, "w")  # noqa: SIM115 (open for the process's lifetime)
     faulthandler.enable(dump, all_threads=True)
     if hasattr(signal, "SIGUSR1"):
@@ -358,7 +380,8 @@ class Supervisor:
         self._n += 1
         dump = os.path.join(self._tmp, f"worker-{self._n}.log")
         proc = ctx.Process(target=_worker_main, name=f"flashcheck-worker-{self._n}",
-                           args=(child, self.spec, self.device, self.threads, dump))
+                           args=(child, self.spec, self.device, self.threads, dump,
+                                 os.getpid()))
         proc.start()
         child.close()
         self.started += 1
