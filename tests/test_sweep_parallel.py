@@ -1,5 +1,6 @@
 """``run_cases(jobs=N)``: worker processes give the same records as one process, keep the
-budget, and turn a crashing worker into failures instead of a hang or lost results."""
+budget, and turn a crashing worker into a failure of its case instead of a hang or lost
+results."""
 
 from __future__ import annotations
 
@@ -42,7 +43,10 @@ def test_parallel_budget_reports_the_rest_not_run(cases):
     assert all("--budget-s" in r["reason"] for r in recs)
 
 
-def test_crashing_worker_becomes_failures_not_a_hang(cases, tmp_path):
+def test_crashing_worker_fails_exactly_its_cases_not_a_hang(cases, tmp_path):
+    """A kernel that takes its worker down fails the case that was running (``crashed``, with
+    the exit status), and only that one: the worker is replaced and the rest still pass. The
+    crashes share one root cause, so one failure file stands for all of them."""
     crash = tmp_path / "crash.py"
     nq = cases[2].Nq
     crash.write_text(textwrap.dedent(f"""
@@ -61,10 +65,15 @@ def test_crashing_worker_becomes_failures_not_a_hang(cases, tmp_path):
     recs = run_cases(None, cases, "cpu", kernel_spec=spec, failures_dir=tmp_path / "f",
                      quiet=True, jobs=2)
     assert len(recs) == len(cases)
-    died = [r for r in recs if r["failure"] == "worker_died"]
-    assert died, [r["status"] for r in recs]
-    assert all(r["status"] == "fail" and "--jobs 1" in r["reason"] for r in died)
-    assert any(r["case"] == cases[2].to_dict() for r in died)
+    crashing = [c.Nq == nq and c.B == 2 for c in cases]
+    assert any(crashing)
+    assert [r["failure"] for r in recs] == ["crashed" if x else None for x in crashing]
+    crashed = [r for r in recs if r["failure"] == "crashed"]
+    assert all("exited with status 3" in r["reason"] for r in crashed)
+    assert len({r["case_file"] for r in crashed}) == 1
+    assert len(list((tmp_path / "f").glob("*.json"))) == 1
+    hits = crashed[0]["observations"]["root_cause"]["hits"]
+    assert hits == len(crashed)
     json.dumps(recs)  # the records still make a report
 
 

@@ -87,6 +87,37 @@ def describe_exception(exc: BaseException) -> str:
     return text
 
 
+def kernel_source_root(kernel) -> str | None:
+    """Where the kernel's own code lives, for "the innermost frame in the kernel's code": the
+    directory of the file defining its callable, or that file alone when it is the harness's
+    own (a built-in adapter in verify/). None when there is no source file."""
+    fn = getattr(kernel, "fn", kernel)
+    owner = getattr(fn, "__self__", None)  # ``_Attention.apply``: the class's module
+    fn = owner if isinstance(owner, type) else inspect.unwrap(fn)
+    try:
+        path = inspect.getsourcefile(fn) or inspect.getfile(fn)
+    except TypeError:
+        mod = sys.modules.get(getattr(fn, "__module__", "") or "")
+        path = getattr(mod, "__file__", None)
+    if not path:
+        return None
+    path = os.path.abspath(path)
+    here = os.path.dirname(os.path.abspath(__file__))
+    return path if os.path.dirname(path) == here else os.path.dirname(path) + os.sep
+
+
+def exception_info(exc: BaseException, root: str | None, where: str) -> dict:
+    """Type, first message line and innermost frame inside ``root`` (the kernel's code; the
+    last frame when none is) of an exception: what root-cause deduplication compares."""
+    msg = str(exc).strip().splitlines()
+    frames = traceback.extract_tb(exc.__traceback__)
+    inner = [f for f in frames if root and os.path.abspath(f.filename).startswith(root)]
+    f = (inner or frames or [None])[-1]
+    frame = f"{os.path.basename(f.filename)}:{f.lineno} in {f.name}" if f is not None else "?"
+    return {"type": type(exc).__name__, "message": msg[0] if msg else "", "frame": frame,
+            "where": where}
+
+
 def is_clear_rejection(exc: BaseException) -> bool:
     """True for an exception that means "outside the domain" (not a crash)."""
     if isinstance(exc, (ValueError, NotImplementedError, TypeError)):

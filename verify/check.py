@@ -25,7 +25,11 @@ Failure classes: ``raised``, ``input_mutated``, ``aliased_output``, ``bad_output
 dtype or device), ``masked_rows`` (a fully-masked query row's output is not 0),
 ``nonfinite``, ``nondeterministic``, ``subnormals_flushed`` (only with
 ``strict_subnormals``), ``numerical``. A subnormal result returned as 0 is otherwise an
-observation (``observations["subnormals_flushed"]``: count per tensor), not a failure.
+observation (``observations["subnormals_flushed"]``: count per tensor), not a failure. A
+``raised`` verdict records ``observations["exception"]`` (type, message, innermost frame in
+the kernel's code) for root-cause deduplication. The supervised workers add ``crashed``,
+``timeout`` and ``cuda_error``, and ``fuzz`` adds ``flaky`` (verify/supervise.py,
+verify/fuzz.py).
 
 :func:`check_nan_propagation` is a separate observation (reported, never failed): a NaN is
 put into one key (or query) element, and the rows that became NaN are compared with the
@@ -44,7 +48,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from verify.adapters import Kernel, as_kernel, describe_exception, is_clear_rejection
+from verify.adapters import (
+    Kernel,
+    as_kernel,
+    describe_exception,
+    exception_info,
+    is_clear_rejection,
+    kernel_source_root,
+)
 from verify.bounds import (
     K_RULE,
     TENSORS,
@@ -603,6 +614,8 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
                 verdict.reason = describe_exception(e)
                 verdict.timings["total"] = time.perf_counter() - t_start
                 return verdict
+            verdict.observations["exception"] = exception_info(e, kernel_source_root(k),
+                                                               "forward")
             return fail("raised", f"forward raised: {describe_exception(e)}")
     (out, lse), (out2, _) = outs
     bad = _check_output("output", out, run1.query, run1.query.shape)
@@ -628,6 +641,8 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
                 grads = torch.autograd.grad(out, [run1.query, run1.key, run1.value],
                                             run1.grad_out, allow_unused=True)
         except Exception as e:
+            verdict.observations["exception"] = exception_info(e, kernel_source_root(k),
+                                                               "backward")
             return fail("raised", f"backward raised: {describe_exception(e)}")
         for n, g, like in zip(GRADS, grads, (run1.query, run1.key, run1.value), strict=True):
             if g is None:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from verify import __version__
+from verify.supervise import SupervisorError
 
 DEFAULT_OUT = "flashcheck-out"
 DEFAULT_KERNEL = "triton"
@@ -109,12 +110,6 @@ def settle_device(requested: str | None) -> str:
     return device
 
 
-def _resolve(spec: str, device: str):
-    from verify.adapters import resolve_kernel
-
-    return resolve_kernel(spec, device)
-
-
 # ------------------------------------------------------------------------------- commands
 
 
@@ -123,15 +118,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     device = settle_device(args.device)
     profile = args.profile or ("gpu" if device == "cuda" else "cpu")
-    kernel = _resolve(args.kernel, device)
     from verify.strategies import fixed_sweep
     from verify.sweep import run_cases
 
     out = Path(args.out)
     sweep = fixed_sweep(profile)
-    records = run_cases(kernel, sweep, device, kernel_spec=args.kernel,
+    # The kernel is resolved and run only inside supervised workers (verify/supervise.py).
+    records = run_cases(None, sweep, device, kernel_spec=args.kernel,
                         failures_dir=out / "failures", what=f"run[{profile}]",
-                        quiet=args.quiet, budget_s=args.budget_s, jobs=args.jobs)
+                        quiet=args.quiet, budget_s=args.budget_s, jobs=args.jobs,
+                        case_timeout=args.case_timeout)
     header = R.make_header(kernel=args.kernel, device=device, command=args.argv,
                            profile=profile)
     rep = R.build_report(records, header=header)
@@ -147,13 +143,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
     device = settle_device(args.device)
-    kernel = _resolve(args.kernel, device)
     from verify.fuzz import Campaign
 
-    campaign = Campaign(kernel, kernel_spec=args.kernel, device=device, out=Path(args.out),
+    # This process draws and shrinks; the kernel runs only in supervised workers.
+    campaign = Campaign(None, kernel_spec=args.kernel, device=device, out=Path(args.out),
                         examples=args.examples, minutes=args.minutes, seed=args.seed,
                         keep_going=args.keep_going, dtypes=args.dtypes, max_n=args.max_n,
-                        quiet=args.quiet)
+                        quiet=args.quiet, case_timeout=args.case_timeout)
     return campaign.run()
 
 
@@ -168,8 +164,8 @@ def cmd_repro(args: argparse.Namespace) -> int:
                          backward=not args.forward_only)
     device = settle_device(args.device or target.device_hint)
     spec = args.kernel or target.kernel_spec or DEFAULT_KERNEL
-    kernel = _resolve(spec, device)
-    return replay(kernel, target, device=device, kernel_spec=spec)
+    return replay(None, target, device=device, kernel_spec=spec,
+                  case_timeout=args.case_timeout, repeat=args.repeat)
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
@@ -185,11 +181,10 @@ def cmd_gate(args: argparse.Namespace) -> int:
                          f"({model}); create them with 'flashcheck gate --update --kernel "
                          f"{args.kernel} --device {device}' and commit the file")
     corpus = Path(args.corpus) if args.corpus else gate.default_corpus()
-    kernel = _resolve(args.kernel, device)
-    return gate.run_gate(kernel, kernel_spec=args.kernel, device=device, profile=profile,
+    return gate.run_gate(None, kernel_spec=args.kernel, device=device, profile=profile,
                          budgets_path=budgets, corpus=corpus, update=args.update,
                          out=Path(args.out), quiet=args.quiet, command=args.argv,
-                         jobs=args.jobs, model=model)
+                         jobs=args.jobs, case_timeout=args.case_timeout, model=model)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -246,6 +241,12 @@ def build_parser() -> argparse.ArgumentParser:
     def quiet(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--quiet", "-q", action="store_true", help="no progress output")
 
+    def case_timeout(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--case-timeout", type=_positive_float, default=None, metavar="S",
+                        help="seconds one case may take before its worker is killed and the "
+                             "case recorded as a 'timeout' failure (default: 60 s + 20x the "
+                             "median case time, a worker's first case left out)")
+
     def jobs(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--jobs", "-j", type=_positive_int, default=1, metavar="N",
                         help="check cases in N worker processes (default 1); cold GPU "
@@ -260,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--budget-s", type=_positive_float, default=None, metavar="S",
                     help="start no new case after S seconds; the rest are reported as not run")
     jobs(sp)
+    case_timeout(sp)
     quiet(sp)
     sp.set_defaults(func=cmd_run)
 
@@ -280,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
                     default=None, help="dtypes to draw (default: all the kernel runs here)")
     sp.add_argument("--max-n", type=_positive_int, default=None, metavar="N",
                     help="largest sequence length to draw (default: by device)")
+    case_timeout(sp)
     quiet(sp)
     sp.set_defaults(func=cmd_fuzz)
 
@@ -296,6 +299,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--scale", type=_positive_float, default=None, help="with --tensors")
     sp.add_argument("--forward-only", action="store_true",
                     help="with --tensors: do not check gradients")
+    sp.add_argument("--repeat", type=_positive_int, default=None, metavar="N",
+                    help="check the case N times in one worker; exit 1 if any run fails "
+                         "(default 1; 8 for a case file recorded as 'flaky')")
+    case_timeout(sp)
     sp.set_defaults(func=cmd_repro)
 
     sp = sub.add_parser("gate", help="CI gate: fixed sweep + regression corpus vs budgets")
@@ -309,6 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", default=f"{DEFAULT_OUT}/gate", metavar="DIR",
                     help=f"report and failures (default: {DEFAULT_OUT}/gate)")
     jobs(sp)
+    case_timeout(sp)
     quiet(sp)
     sp.set_defaults(func=cmd_gate)
 
@@ -342,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"flashcheck: error: {e}", file=sys.stderr)
         return 2
-    except (ValueError, NotImplementedError, OSError) as e:
+    except (ValueError, NotImplementedError, OSError, SupervisorError) as e:
         # Raised while reading the command's inputs (kernel spec, case file, budgets): the
         # harness catches everything a kernel raises inside check_case itself, so what reaches
         # here is a usage or environment problem.

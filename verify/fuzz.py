@@ -1,26 +1,45 @@
 """``flashcheck fuzz``: a time- or example-boxed Hypothesis campaign against one kernel.
 
-The campaign runs a ``@given(cases(...))`` property programmatically. Each example is checked
-with ``check_case``; the error ratio (observed / tolerance) is passed to ``target()`` so the
-search climbs toward the worst cases, and the case is ``note()``-d. A failing verdict raises,
-Hypothesis shrinks it, and the final (shrunk) example is re-checked and written as
+The campaign runs a ``@given(cases(...))`` property programmatically. This process draws and
+shrinks (Hypothesis) and writes case files; it never imports or calls the kernel. Each example
+is checked in a supervised worker process (verify/supervise.py: reused while healthy, replaced
+after a crash, a timeout or a CUDA error). The error ratio (observed / tolerance) is passed to
+``target()`` so the search climbs toward the worst cases, and the case is ``note()``-d. A
+failing verdict raises, Hypothesis shrinks it, and the final (shrunk) example is written as
 ``DIR/failures/<id>.json`` (case file: case, kernel spec, versions, device, verdict) plus
 ``DIR/failures/<id>.md``.
 
-- Draws stay inside the kernel's capabilities on this device: its dtypes minus those it
-  declares ``not_run`` here, its mask kinds, extensions, GQA and backward.
+- Nothing found is lost. Each case is written ahead as ``DIR/inflight/`` before it runs; a
+  worker that dies or hangs turns it into a ``crashed`` / ``timeout`` failure file at once.
+  A campaign started in a DIR with in-flight files left by a killed one re-checks them first.
+  Ctrl-C and SIGTERM keep what was found, including a failure being shrunk (the smallest
+  case so far).
+- Shrinking a ``crashed`` / ``timeout`` / ``cuda_error`` failure runs every candidate in a
+  fresh worker (a crash may depend on what ran before in the process), at most
+  :data:`MAX_FRESH_SHRINK` (:data:`MAX_TIMEOUT_SHRINK` for a hang) candidates.
+- Flaky is a failure. When the replay of a failing case disagrees with its first run (Hypothesis's
+  final replay, or :data:`CONFIRM_RUNS` re-checks of the shrunk case), one ``flaky`` failure
+  records both verdicts, and :data:`FLAKY_RERUNS` fresh workers, each running the case twice,
+  tell "wrong on first use" from "wrong at random" (``observations["flaky"]["kind"]``).
+- Draws stay inside the kernel's capabilities on this device (probed inside a worker): its
+  dtypes minus those it declares ``not_run`` here, its mask kinds, extensions, GQA and
+  backward.
 - The example database is ``DIR/hypothesis-db`` (``DirectoryBasedExampleDatabase``): a rerun
   with the same DIR first replays what failed before.
 - ``seed`` fixes Hypothesis's random choices (``hypothesis.seed``), so the same seed, kernel
   and device give the same campaign. A seeded run does not use the database (Hypothesis's
   own rule for ``@seed``: replaying saved examples first would change the sequence).
 - ``keep_going``: after a failure, the campaign restarts and treats failures of an already
-  recorded kind (failure class + worst tensor + configuration) as uninteresting, so every
-  recorded failure is distinct and shrunk, until the budget ends.
+  recorded kind as uninteresting, so every recorded failure is distinct and shrunk, until the
+  budget ends. The kind is (failure class, worst tensor, configuration), or for raised,
+  crashed, timeout and CUDA-error failures the root cause (class, exception type, message
+  without numbers, innermost kernel frame): one file, the smallest case, with the count of
+  hits and the configurations it hit (``observations["root_cause"]``).
+- ``minutes`` is checked before every example, shrink candidates included, so a campaign
+  ends within one case timeout of its budget (plus the writing of what it found).
 
-Caveats: the time box is checked between examples, so one slow example can overrun it; and
-once a failure is being shrunk the clock is no longer checked (Hypothesis bounds shrinking
-itself), so a campaign can end later than ``minutes`` by the length of one shrink.
+Caveat: a failure found while another is being shrunk (a different class) is recorded
+unshrunk.
 """
 
 from __future__ import annotations
@@ -44,9 +63,31 @@ DEFAULT_MAX_N = {"cpu": 64, "cuda": 2048}
 TARGET_CAP = 1e6
 
 
+# Shrinking a crash-class failure runs each candidate in a fresh worker: a fork plus the
+# kernel's import (~0.4 s measured on the CPU; on a GPU add a CUDA context and the Triton
+# compile). Measured: tests/misbehaving_kernels.py's segv_large goes from its first failure
+# (N <= 32) to Nq = 9 in 24 fresh-worker candidates, so 64 lets such shrinks finish; the
+# smallest case so far is recorded when the cap is hit.
+MAX_FRESH_SHRINK = 64
+# A candidate that hangs costs a whole case timeout (60 s and up by default); those that
+# pass cost a normal case. Measured: hang_large shrinks to Nq = 9 in 25 candidates taking
+# 19 s at a 1 s timeout, so ~12 of them hung; 24 hanging candidates (~25 min at the default
+# timeout) leave room for larger cases, and --minutes cuts it shorter, keeping the smallest
+# case so far.
+MAX_TIMEOUT_SHRINK = 24
+# Re-checks of a shrunk (non-crash) failure before it is written: Hypothesis's final replay is
+# one; two more in the same worker catch a kernel wrong at random with probability
+# 1 - p^2 (p: its chance of passing) before it is recorded as deterministic.
+CONFIRM_RUNS = 2
+# Fresh workers used to classify a flaky failure, each running the case twice: three agree
+# on "first run fails, second passes" for a first-use bug, while a 50/50 random bug fakes
+# that pattern with probability (1/4)^3 < 2%.
+FLAKY_RERUNS = 3
+
+
 class _StopCampaign(BaseException):
-    """The time budget is spent. A BaseException, so Hypothesis does not take it for a
-    failure of the property and shrink it; it propagates out of the run."""
+    """The budget is spent (or a shrink hit its cap). A BaseException, so Hypothesis does not
+    take it for a failure of the property and shrink it; it propagates out of the run."""
 
 
 class _Found(AssertionError):
@@ -58,11 +99,27 @@ class _Found(AssertionError):
         self.verdict = verdict
 
 
-def signature(case: Any, verdict: Any) -> tuple[str, str, str]:
-    """What makes two failures the same: failure class, worst tensor, configuration.
+def shrink_key(verdict: Any) -> tuple:
+    """What must stay the same while a failure is shrunk: its root cause for raised and
+    crash-class failures, else its failure class (the configuration may change: shrinking
+    crosses N buckets, dtypes and mask kinds)."""
+    from verify.supervise import root_cause
+
+    return root_cause(verdict) or (verdict.failure,)
+
+
+def signature(case: Any, verdict: Any) -> tuple[str, ...]:
+    """What makes two failures the same: failure class, worst tensor, configuration; for a
+    raised / crashed / timeout / cuda_error failure, its root cause instead
+    (``("root-cause", *verify.supervise.root_cause(verdict))``).
 
     ``verdict`` is a Verdict or its ``to_dict()`` (as stored in a case file).
     """
+    from verify.supervise import root_cause
+
+    cause = root_cause(verdict)
+    if cause is not None:
+        return ("root-cause", *cause)
     if isinstance(verdict, dict):
         failure = verdict.get("failure")
         ratios = {n: t.get("ratio") for n, t in (verdict.get("tensors") or {}).items()}
@@ -93,6 +150,10 @@ def draw_dtypes(capabilities: dict, device: str, requested: list[str] | None) ->
 
 @dataclass
 class Campaign:
+    """One campaign. ``kernel`` is not used (kept for callers): the workers resolve
+    ``kernel_spec``, and this process never imports the kernel. ``case_timeout``: seconds per
+    case (None: derived from observed case times, verify/supervise.py)."""
+
     kernel: Any
     kernel_spec: str
     device: str
@@ -104,6 +165,7 @@ class Campaign:
     dtypes: list[str] | None = None
     max_n: int | None = None
     quiet: bool = False
+    case_timeout: float | None = None
     found: list[Path] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -113,60 +175,111 @@ class Campaign:
             raise ValueError(f"--minutes must be a finite number > 0, got {self.minutes}")
         if self.examples is not None and self.minutes is not None:
             raise ValueError("give --examples or --minutes, not both")
+        if self.case_timeout is not None and not (math.isfinite(self.case_timeout)
+                                                  and self.case_timeout > 0):
+            raise ValueError(f"--case-timeout must be a finite number > 0, got "
+                             f"{self.case_timeout}")
         if self.examples is None and self.minutes is None:
             self.examples = DEFAULT_EXAMPLES
         import torch
 
+        from verify.supervise import ProbeCrashed, Supervisor
+
         dev = torch.device(self.device).type
         if self.max_n is None:
             self.max_n = DEFAULT_MAX_N[dev]
-        caps = self.kernel.capabilities
-        self.capabilities = caps
-        self.draw_dtypes = draw_dtypes(caps, self.device, self.dtypes)
-        from verify.strategies import cases
+        self.out = Path(self.out)
+        self.sup = Supervisor(self.kernel_spec, self.device, case_timeout=self.case_timeout,
+                              failures_dir=self.out / "failures")
+        self.probe_crash: str | None = None
+        try:
+            try:
+                caps = self.sup.capabilities()
+            except ProbeCrashed as e:
+                # Recorded as a failure by run(); draw from the declared capabilities alone.
+                self.probe_crash = str(e)
+                caps = {}
+            self.capabilities = caps
+            self.draw_dtypes = draw_dtypes(caps, self.device, self.dtypes)
+            from verify.strategies import cases
 
-        # Built once here so bad bounds surface as a usage error before anything runs.
-        self.strategy = cases(dtypes=self.draw_dtypes, max_n=self.max_n, capabilities=caps)
+            # Built once here so bad bounds surface as a usage error before anything runs.
+            self.strategy = cases(dtypes=self.draw_dtypes, max_n=self.max_n,
+                                  capabilities=caps)
+        except BaseException:
+            self.sup.close()
+            raise
         self.calls = 0
-        self.known: set[tuple[str, str, str]] = set()
+        self.known: set[tuple] = set()
+        self.causes: dict[tuple, dict] = {}  # root-cause signature -> its file and hits
+        self.strays: list[tuple[Any, Any]] = []
+        self.recorded_cases: list[Any] = []
+        self.deadline: float | None = None
 
     # -- one Hypothesis run ---------------------------------------------------------------
 
-    def _property(self, bar: Progress, deadline: float | None):
-        from hypothesis import note, target
+    def _past_deadline(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
 
-        from verify.check import check_case, error_ratio
+    def _observe(self, case: Any, verdict: Any) -> None:
+        """Called with every verdict of the property (an extension point: the mutation
+        self-test records them; verify/selftest.py)."""
 
-        state = {"failing": False}
+    def _property(self, bar: Progress, state: dict):
+        from hypothesis import note, reject, target
+
+        from verify.check import error_ratio
+        from verify.supervise import CRASH_CLASSES
 
         def prop(case) -> None:
-            if deadline is not None and not state["failing"] and time.monotonic() > deadline:
+            failing = state["key"] is not None
+            if self._past_deadline():
                 raise _StopCampaign
+            fresh = failing and state["fresh"]
+            if fresh:
+                if (state["fresh_runs"] >= MAX_FRESH_SHRINK
+                        or state["timeouts"] >= MAX_TIMEOUT_SHRINK):
+                    raise _StopCampaign
+                state["fresh_runs"] += 1
             self.calls += 1
             note(case.short())
-            verdict = check_case(self.kernel, case, self.device)
+            verdict = self.sup.check(case, fresh=fresh)
+            self._observe(case, verdict)
+            state["last"] = (case, verdict)
+            state["outcomes"].setdefault(case, []).append(_brief(verdict))
+            if failing and verdict.failure == "timeout":
+                state["timeouts"] += 1
             bar.advance(case.short()[:60])
             if verdict.status == "not_run":
-                from hypothesis import reject
-
                 reject()
             ratio = error_ratio(verdict)
             target(min(ratio, TARGET_CAP) if math.isfinite(ratio) else TARGET_CAP,
                    label="error ratio")
-            if verdict.status == "fail" and signature(case, verdict) not in self.known:
-                state["failing"] = True
-                raise _Found(case, verdict)
+            if verdict.status != "fail":
+                return
+            sig = signature(case, verdict)
+            if sig in self.known:
+                self._hit(sig, case, verdict)
+                return
+            key = shrink_key(verdict)
+            if failing and key != state["key"]:
+                self.strays.append((case, verdict))  # another failure: recorded after
+                return
+            if not failing:
+                state.update(key=key, cls=verdict.failure,
+                             fresh=verdict.failure in CRASH_CLASSES, first=(case, verdict))
+            state["best"] = (case, verdict)
+            raise _Found(case, verdict)
 
         return prop
 
-    def _run_once(self, bar: Progress, max_examples: int, deadline: float | None,
-                  round_no: int) -> None:
+    def _run_once(self, bar: Progress, max_examples: int, state: dict, round_no: int) -> None:
         from hypothesis import HealthCheck, Phase, Verbosity, given, settings
         from hypothesis import seed as hyp_seed
         from hypothesis.database import DirectoryBasedExampleDatabase
 
         db = DirectoryBasedExampleDatabase(str(self.out / "hypothesis-db"))
-        test = given(self.strategy)(self._property(bar, deadline))
+        test = given(self.strategy)(self._property(bar, state))
         test = settings(database=db, max_examples=max_examples, deadline=None,
                         phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target,
                                 Phase.shrink),
@@ -177,71 +290,369 @@ class Campaign:
             test = hyp_seed(self.seed + round_no)(test)
         test()
 
-    # -- the campaign ---------------------------------------------------------------------
+    # -- recording ------------------------------------------------------------------------
 
-    def _record(self, exc: _Found) -> None:
-        """Re-check the shrunk case, write its case file, print the summary and replay."""
-        from verify.check import check_case
+    def _write(self, case: Any, verdict: Any, *, note: str = "") -> Path:
+        """Write the failure (and, for a root cause, remember its file); print it."""
+        from verify.supervise import root_cause
         from verify.sweep import write_failure
 
-        case, verdict = exc.case, exc.verdict
-        again = check_case(self.kernel, case, self.device)
-        if again.status == "fail":
-            verdict = again
-        else:
-            print(f"note: the shrunk case did not fail when re-checked ({again.status}); "
-                  "recording the failing run (nondeterministic kernel?)")
+        sig = signature(case, verdict)
+        self.recorded_cases.append(case)
+        if root_cause(verdict) is not None:
+            info = {"key": list(root_cause(verdict)), "hits": 1,
+                    "configurations": [R.config_label(case.config_key())]}
+            verdict.observations["root_cause"] = info
         path = write_failure(self.out / "failures", case, verdict,
                              kernel_spec=self.kernel_spec, device=self.device)
-        self.known.add(signature(case, verdict))
-        self.found.append(path)
+        if root_cause(verdict) is not None:
+            self.causes[sig] = {"case": case, "verdict": verdict, "path": path}
+        self.known.add(sig)
+        if path not in self.found:
+            self.found.append(path)
+        if note:
+            print(f"note: {note}")
         print(f"FAIL {verdict.summary()}")
         print(f"  case:   {case.short()}")
         print(f"  file:   {path} (+ {path.with_suffix('.md').name})")
         print(f"  replay: {R.replay_command(str(path), self.kernel_spec, self.device)}")
+        return path
+
+    def _hit(self, sig: tuple, case: Any, verdict: Any) -> None:
+        """An already recorded root cause hit again: count it; a new configuration rewrites
+        its file, and a smaller case takes its place."""
+        from verify.sweep import _remove_failure_files, case_size, write_failure
+
+        entry = self.causes.get(sig)
+        if verdict.case_file and (entry is None or Path(verdict.case_file) != entry["path"]):
+            _remove_failure_files(verdict.case_file)  # written at once (a crash); one per cause
+            verdict.case_file = None
+        if entry is None:
+            return
+        info = entry["verdict"].observations["root_cause"]
+        info["hits"] += 1
+        label = R.config_label(case.config_key())
+        smaller = case_size(case) < case_size(entry["case"])
+        if label in info["configurations"] and not smaller:
+            return
+        if label not in info["configurations"]:
+            info["configurations"] = sorted({*info["configurations"], label}, key=R._natural)
+        if smaller:
+            _remove_failure_files(entry["path"])
+            verdict.observations["root_cause"] = info
+            entry.update(case=case, verdict=verdict)
+        path = write_failure(self.out / "failures", entry["case"], entry["verdict"],
+                             kernel_spec=self.kernel_spec, device=self.device)
+        if path != entry["path"]:
+            self.found[self.found.index(entry["path"])] = path
+            entry["path"] = path
+
+    def _confirm(self, case: Any, verdict: Any) -> Any | None:
+        """Re-check a shrunk failure CONFIRM_RUNS times; the first disagreeing verdict, or
+        None when every run agrees."""
+        key = shrink_key(verdict)
+        for _ in range(CONFIRM_RUNS):
+            if self._past_deadline():
+                break
+            again = self.sup.check(case)
+            if again.status != "fail" or shrink_key(again) != key:
+                return again
+        return None
+
+    def _classify_flaky(self, case: Any) -> tuple[str, str, list]:
+        """Run the case twice in each of FLAKY_RERUNS fresh workers: (kind, text, runs)."""
+        runs = []
+        for _ in range(FLAKY_RERUNS):
+            if self._past_deadline():
+                break
+            a = self.sup.check(case, fresh=True, confirm=False)
+            b = self.sup.check(case, confirm=False)
+            runs.append([_brief(a), _brief(b)])
+        if not runs:
+            return "unclassified", "not re-run: the time budget is spent", runs
+        firsts = [r[0] != "pass" for r in runs]
+        seconds = [r[1] != "pass" for r in runs]
+        n_fail = sum(firsts) + sum(seconds)
+        n = 2 * len(runs)
+        if all(firsts) and not any(seconds):
+            return ("first_use", "wrong on first use: fails on its first run in a fresh worker "
+                    "and passes when repeated there", runs)
+        if n_fail == 0:
+            return ("history", "passes in fresh workers: wrong only after what earlier cases "
+                    "did in the campaign's worker", runs)
+        if n_fail == n:
+            return ("fresh_fails", "fails every time in a fresh worker (in the campaign's "
+                    "worker, after earlier cases, a run disagreed)", runs)
+        return "random", f"wrong at random: {n_fail} of {n} runs in fresh workers failed", runs
+
+    def _record_flaky(self, case: Any, first: Any, replay: Any,
+                      unshrunk: tuple[Any, Any] | None = None,
+                      changed: dict | None = None) -> None:
+        """One ``flaky`` failure with both verdicts and the fresh-worker classification.
+
+        Shrinking a failure that comes and goes drifts toward cases where it barely shows, so
+        when the shrunk case failed in fewer than half of its fresh-worker runs, the first
+        failing case of the campaign (``unshrunk``) is classified too, and the one that
+        failed more often is kept: the file's replay should reproduce it."""
+        from verify.check import Verdict
+
+        kind, text, runs = self._classify_flaky(case)
+        note = ""
+        if unshrunk is not None and unshrunk[0] != case and _fail_rate(runs) < 0.5:
+            kind2, text2, runs2 = self._classify_flaky(unshrunk[0])
+            if _fail_rate(runs2) > _fail_rate(runs):
+                note = (f"kept the campaign's first failing case: it failed "
+                        f"{_fail_rate(runs2):.0%} of its fresh-worker runs, the shrunk case "
+                        f"{case.short()} {_fail_rate(runs):.0%}")
+                case, first = unshrunk
+                kind, text, runs = kind2, text2, runs2
+        reason = f"first run: {_brief(first)}; replay: {_brief(replay)}; {text}"
+        if _brief(first) == _brief(replay) and changed:
+            other, outcomes = next(iter(changed.items()))
+            where = "this case" if other == case else f"the shrink candidate {other.short()}"
+            reason += f"; in the campaign, {where} gave {', '.join(outcomes)}"
+        if note:
+            reason = (f"first run: {_brief(first)}; the shrunk case gave {_brief(replay)} on "
+                      f"replay; {text}; {note}")
+        verdict = Verdict(case=case, kernel=self.kernel_spec, device=self.device,
+                          status="fail", failure="flaky", reason=reason,
+                          tensors=dict(first.tensors), timings=dict(first.timings))
+        verdict.observations["flaky"] = {
+            "kind": kind, "classification": text, "reruns_fresh_worker": runs,
+            "fail_rate_fresh_worker": _fail_rate(runs),
+            "first": _plain_verdict(first), "replay": _plain_verdict(replay)}
+        if note:
+            verdict.observations["flaky"]["kept"] = note
+        if changed:
+            verdict.observations["flaky"]["changed_in_campaign"] = [
+                {"case": c.to_dict(), "outcomes": o} for c, o in changed.items()]
+        self.known.add(signature(case, first))
+        self._write(case, verdict)
+
+    def _record(self, state: dict, *, flaky: bool = False, stopped: bool = False) -> None:
+        """Write the failure being shrunk (``state["best"]``): confirmed, or as flaky."""
+        from verify.supervise import CRASH_CLASSES
+
+        case, verdict = state["best"]
+        first_case, first = state["first"]
+        if flaky:
+            replay = state["last"][1] if state["last"] and state["last"][0] == case \
+                else self.sup.check(case)
+            # Hypothesis may have seen another case (a shrink candidate) change its outcome
+            changed = {c: o for c, o in state["outcomes"].items() if len(set(o)) > 1}
+            self._record_flaky(case, verdict, replay, unshrunk=state["first"],
+                               changed=changed)
+        elif verdict.failure in CRASH_CLASSES or stopped:
+            note = "" if not stopped else "shrinking stopped (budget or shrink cap); " \
+                                          "recording the smallest failing case so far"
+            self._write(case, verdict, note=note)
+        else:
+            other = self._confirm(case, verdict)
+            if other is not None:
+                self._record_flaky(case, verdict, other, unshrunk=state["first"])
+            else:
+                self._write(case, verdict)
+        self.known.add(signature(first_case, first))
+        self._drop_superseded(case, verdict)
+
+    def _drop_superseded(self, case: Any, verdict: Any) -> None:
+        """Crash-class candidates written at once during the shrink (write-ahead) are
+        superseded by the shrunk case's file: one file per failure."""
+        from verify.supervise import CRASH_CLASSES
+        from verify.sweep import _remove_failure_files, failure_id
+
+        if verdict.failure not in CRASH_CLASSES:
+            return
+        keep = {p.name for p in self.found}
+        key = shrink_key(verdict)
+        for p in (self.out / "failures").glob(f"{verdict.failure}-*.json"):
+            if p.name in keep or p.name == f"{failure_id(case, verdict)}.json":
+                continue
+            try:
+                from verify.cases import load_case_file
+
+                _, meta = load_case_file(p)
+            except (OSError, ValueError):
+                continue
+            mine = p.stat().st_mtime >= self.t_wall0
+            if mine and shrink_key_of(meta.get("verdict") or {}) == key:
+                _remove_failure_files(p)
+
+    def _record_strays(self) -> None:
+        """Failures of another kind met while one was being shrunk: per failure class (or root
+        cause) the smallest of them, unshrunk, unless that kind is recorded already."""
+        from verify.sweep import _remove_failure_files, case_size
+
+        smallest: dict[tuple, tuple[Any, Any, int]] = {}
+        for case, verdict in self.strays:
+            if signature(case, verdict) in self.known or case in self.recorded_cases:
+                continue  # the same case recorded already (e.g. as flaky) says it all
+            key = shrink_key(verdict)
+            if any(shrink_key_of_sig(sig) == key for sig in self.known):
+                continue
+            n = smallest[key][2] + 1 if key in smallest else 1
+            if key not in smallest or case_size(case) < case_size(smallest[key][0]):
+                smallest[key] = (case, verdict, n)
+            else:
+                smallest[key] = (*smallest[key][:2], n)
+        for case, verdict, n in smallest.values():
+            self._write(case, verdict, note=f"found while another failure was being shrunk "
+                                            f"({n} such case(s)); recorded unshrunk, the "
+                                            f"smallest of them")
+        # Crash-class strays were written at once; every kind is recorded now, so the files
+        # of the others are duplicates.
+        for _, verdict in self.strays:
+            if verdict.case_file and Path(verdict.case_file) not in self.found:
+                _remove_failure_files(verdict.case_file)
+        self.strays.clear()
+
+    def _recheck_leftovers(self) -> None:
+        """In-flight files left by a campaign that was killed: re-check each in a fresh worker."""
+        from verify.cases import load_case_file
+
+        left = sorted((self.out / "inflight").glob("inflight-*.json"))
+        for p in left:
+            try:
+                case, _ = load_case_file(p)
+            except (OSError, ValueError):
+                continue
+            print(f"note: re-checking {p.name}, left in flight by an earlier campaign")
+            verdict = self.sup.check(case, fresh=True)
+            p.unlink(missing_ok=True)
+            if verdict.status == "fail":
+                self._write(case, verdict, note="an in-flight case of an earlier campaign fails")
+
+    def _record_probe_crash(self) -> None:
+        """The kernel took its worker down on the capability probes: check the case closest
+        to the probes' inputs (the probes run first inside every check) in a fresh worker and
+        record what happened; a crash there is the failure, else the probe crash itself."""
+        from verify.cases import Case
+        from verify.check import Verdict
+
+        print(f"note: {self.probe_crash}")
+        case = Case(B=1, Hq=2, Hkv=2, Nq=4, Nk=4, D=16, dtype=self.draw_dtypes[0])
+        verdict = self.sup.check(case, fresh=True, confirm=False)
+        if verdict.status != "fail":
+            verdict = Verdict(case=case, kernel=self.kernel_spec, device=self.device,
+                              status="fail", failure="crashed", reason=self.probe_crash)
+        self._write(case, verdict)
 
     def run(self) -> int:
+        import signal
+
+        def _on_term(signum, frame):  # SIGTERM (e.g. `timeout`) becomes the same as Ctrl-C
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGTERM, _on_term)
+        try:
+            return self._run()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            self.sup.close()
+
+    def _run(self) -> int:
         from hypothesis.errors import Flaky, Unsatisfiable
 
         self.out.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
-        deadline = t0 + 60.0 * self.minutes if self.minutes is not None else None
+        self.t_wall0 = time.time()  # files older than this are not this campaign's
+        self.deadline = t0 + 60.0 * self.minutes if self.minutes is not None else None
         what = f"fuzz[{self.kernel_spec}]"
-        print(f"fuzz: kernel {self.kernel_spec} on {self.device}; dtypes "
+        print(f"fuzz: kernel {self.kernel_spec} on {self.device} (supervised workers); dtypes "
               f"{', '.join(self.draw_dtypes)}; N <= {self.max_n}; "
               + (f"{self.examples} examples" if self.examples else f"{self.minutes} min")
               + (f"; seed {self.seed} (no example database)" if self.seed is not None
-                 else f"; database {self.out / 'hypothesis-db'}"))
+                 else f"; database {self.out / 'hypothesis-db'}")
+              + ("; case timeout " + (f"{self.case_timeout:g} s" if self.case_timeout
+                                      else "auto")))
         round_no = 0
-        with Progress(what, self.examples, budget_s=None if deadline is None
-                      else deadline - t0, quiet=self.quiet) as bar:
-            while True:
-                left = (self.examples - self.calls) if self.examples is not None else 10**9
-                if left <= 0 or (deadline is not None and time.monotonic() > deadline):
-                    break
-                try:
-                    self._run_once(bar, left, deadline, round_no)
-                except _StopCampaign:
-                    break
-                except _Found as e:
-                    bar.close()
-                    self._record(e)
-                    if not self.keep_going:
+        interrupted = False
+        state: dict = {}
+        with Progress(what, self.examples, budget_s=None if self.deadline is None
+                      else self.deadline - t0, quiet=self.quiet) as bar:
+            try:
+                self._recheck_leftovers()
+                if self.probe_crash is not None:
+                    self._record_probe_crash()
+                while self.probe_crash is None:
+                    left = (self.examples - self.calls) if self.examples is not None else 10**9
+                    if left <= 0 or self._past_deadline():
                         break
-                except Flaky as e:
-                    bar.close()
-                    print(f"note: Hypothesis reports a flaky failure: "
-                          f"{str(e).splitlines()[0]}")
-                    break
-                except Unsatisfiable:
-                    raise ValueError(f"fuzz: the kernel {self.kernel_spec!r} ran none of the "
-                                     "drawn cases on this device (all outside its domain)") \
-                        from None
-                else:
-                    break  # the example budget of this round ran out without a new failure
-                round_no += 1
+                    state = {"key": None, "cls": None, "fresh": False, "fresh_runs": 0,
+                             "timeouts": 0, "best": None, "first": None, "last": None,
+                             "outcomes": {}}
+                    try:
+                        self._run_once(bar, left, state, round_no)
+                    except _StopCampaign:
+                        if state["best"] is not None:
+                            bar.close()
+                            self._record(state, stopped=True)
+                        break
+                    except _Found:
+                        bar.close()
+                        self._record(state)
+                        self._record_strays()
+                        if not self.keep_going:
+                            break
+                    except Flaky:
+                        bar.close()
+                        if state["best"] is None:
+                            raise
+                        self._record(state, flaky=True)
+                        self._record_strays()
+                        if not self.keep_going:
+                            break
+                    except Unsatisfiable:
+                        raise ValueError(f"fuzz: the kernel {self.kernel_spec!r} ran none of "
+                                         "the drawn cases on this device (all outside its "
+                                         "domain)") from None
+                    else:
+                        self._record_strays()
+                        break  # the example budget of this round ran out without a new failure
+                    round_no += 1
+            except KeyboardInterrupt:
+                interrupted = True
+                bar.close()
+                print("fuzz: interrupted; keeping what was found")
+                if state.get("best") is not None and signature(*state["best"]) not in \
+                        self.known:
+                    self._record(state, stopped=True)
+                self._record_strays()
         wall = time.monotonic() - t0
-        print(f"fuzz: {self.calls} examples in {wall:.1f} s; "
-              f"{len(self.found)} distinct failure(s)"
-              + (f" in {self.out / 'failures'}" if self.found else ""))
+        print(f"fuzz: {self.calls} examples in {wall:.1f} s"
+              + (" (interrupted)" if interrupted else "")
+              + f"; {len(self.found)} distinct failure(s)"
+              + (f" in {self.out / 'failures'}" if self.found else "")
+              + f"; {self.sup.started} worker process(es)")
         return 1 if self.found else 0
+
+
+def shrink_key_of_sig(sig: tuple) -> tuple:
+    """The :func:`shrink_key` part of a :func:`signature`."""
+    return tuple(sig[1:]) if sig and sig[0] == "root-cause" else (sig[0],)
+
+
+def shrink_key_of(verdict_dict: dict) -> tuple:
+    """:func:`shrink_key` of a verdict as stored in a case file."""
+    from verify.supervise import root_cause
+
+    return root_cause(verdict_dict) or (verdict_dict.get("failure"),)
+
+
+def _fail_rate(runs: list) -> float:
+    """Share of failing runs in :meth:`Campaign._classify_flaky`'s pairs (0 when none ran)."""
+    flat = [r for pair in runs for r in pair]
+    return sum(r != "pass" for r in flat) / len(flat) if flat else 0.0
+
+
+def _brief(verdict: Any) -> str:
+    """``pass`` or ``fail (class)`` or ``not_run``: one verdict in a word or two."""
+    if verdict.status == "fail":
+        return f"fail ({verdict.failure})"
+    return verdict.status
+
+
+def _plain_verdict(verdict: Any) -> dict:
+    d = verdict.to_dict()
+    d.pop("case", None)
+    return d

@@ -238,7 +238,8 @@ def diff_text(old: str, new: str, name: str) -> str:
 
 def run_gate(kernel: Any, *, kernel_spec: str, device: str, profile: str, budgets_path: Path,
              corpus: Path, update: bool, out: Path, quiet: bool = False,
-             command: list[str] | None = None, jobs: int = 1, model: str = "cpu") -> int:
+             command: list[str] | None = None, jobs: int = 1, model: str = "cpu",
+             case_timeout: float | None = None) -> int:
     from verify import strategies
     from verify.sweep import run_cases
 
@@ -251,7 +252,7 @@ def run_gate(kernel: Any, *, kernel_spec: str, device: str, profile: str, budget
     cases = sweep + regressions
     records = run_cases(kernel, cases, device, kernel_spec=kernel_spec,
                         failures_dir=out / "failures", what=f"gate[{profile}]", quiet=quiet,
-                        jobs=jobs)
+                        jobs=jobs, case_timeout=case_timeout)
     for rec, path, case in zip(records[len(sweep):], files, regressions, strict=True):
         rec["config"] = regression_key(path, case.dtype)
     header = R.make_header(kernel=kernel_spec, device=device, command=command, profile=profile,

@@ -19,6 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 EXIT_PASS, EXIT_FAIL, EXIT_SKIP = 0, 1, 125
+# Replays of a case file recorded as ``flaky`` (unless --repeat says otherwise): a kernel
+# wrong at random with probability q per check passes all of them with (1-q)^8, under 0.4%
+# for q = 1/2; a first-use bug fails the first one already.
+FLAKY_REPEATS = 8
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,7 @@ class Target:
     kernel_spec: str | None
     device_hint: str | None
     source: str
+    recorded_failure: str | None = None  # the failure class in the case file, if any
 
 
 def load_target(*, case_path: str | None, tensors_path: str | None, is_causal: bool = False,
@@ -55,7 +60,9 @@ def load_target(*, case_path: str | None, tensors_path: str | None, is_causal: b
         else:
             device = None
         spec = meta.get("kernel") if isinstance(meta.get("kernel"), str) else None
-        return Target(case=case, kernel_spec=spec, device_hint=device, source=str(case_path))
+        recorded = meta.get("verdict") if isinstance(meta.get("verdict"), dict) else {}
+        return Target(case=case, kernel_spec=spec, device_hint=device, source=str(case_path),
+                      recorded_failure=recorded.get("failure"))
     captured = TensorCase.from_file(tensors_path, backward=backward)
     case = dataclasses.replace(captured.case, is_causal=is_causal, scale=scale, window=window,
                                causal_alignment=causal_alignment)
@@ -63,23 +70,43 @@ def load_target(*, case_path: str | None, tensors_path: str | None, is_causal: b
                   kernel_spec=None, device_hint=None, source=str(tensors_path))
 
 
-def replay(kernel: Any, target: Target, *, device: str, kernel_spec: str) -> int:
-    """Check the case, print the per-tensor table; returns the exit status."""
+def replay(kernel: Any, target: Target, *, device: str, kernel_spec: str,
+           case_timeout: float | None = None, repeat: int | None = None) -> int:
+    """Check the case in a supervised worker process (verify/supervise.py; ``kernel`` is not
+    used, the worker resolves ``kernel_spec``), ``repeat`` times in that worker (default 1,
+    or FLAKY_REPEATS for a case file recorded as ``flaky``); print the per-tensor table of the
+    first failing run (else the first run); returns the exit status: 1 when any run fails
+    (a crash or a timeout included), 125 when the case is outside the kernel's domain."""
     from verify import report as R
-    from verify.check import check_case
+    from verify.supervise import Supervisor
     from verify.sweep import verdict_record
 
-    verdict = check_case(kernel, target.case, device)
+    if repeat is None:
+        repeat = FLAKY_REPEATS if target.recorded_failure == "flaky" else 1
+    if not (isinstance(repeat, int) and repeat >= 1):
+        raise ValueError(f"--repeat must be an integer >= 1, got {repeat!r}")
+    verdicts = []
+    with Supervisor(kernel_spec, device, case_timeout=case_timeout) as sup:
+        sup.start()
+        for _ in range(repeat):
+            verdicts.append(sup.check(target.case, confirm=False))
+    failing = [v for v in verdicts if v.status == "fail"]
+    verdict = failing[0] if failing else verdicts[0]
     record = verdict_record(target.case, verdict)
     print(f"case:   {target.case.short()}  ({target.source})")
     print(f"kernel: {kernel_spec} on {device}")
     print(f"status: {verdict.status}" + (f" ({verdict.failure})" if verdict.failure else ""))
+    if repeat > 1:
+        words = [v.status + (f" ({v.failure})" if v.failure else "") for v in verdicts]
+        print(f"runs:   {len(failing)} of {repeat} failed: {', '.join(words)}")
     if verdict.status != "pass":
         print(verdict.summary())
+    if verdict.observations.get("stack"):
+        print("worker stack:\n" + verdict.observations["stack"])
     print(R.render_verdict_table(record))
-    if verdict.status == "pass":
-        return EXIT_PASS
-    if verdict.status == "not_run":
+    if failing:
+        return EXIT_FAIL
+    if all(v.status == "not_run" for v in verdicts):
         print(f"not run: {verdict.reason} (exit {EXIT_SKIP}: git bisect's 'skip')")
         return EXIT_SKIP
-    return EXIT_FAIL
+    return EXIT_PASS

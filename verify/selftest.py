@@ -34,9 +34,9 @@ campaign log and case files under ``DIR/<kernel>/`` (emptied at the start of a r
 fails, 2 on a usage error, 0 otherwise.
 
 Caveat: the per-example verdicts (for "examples needed" and the worst error ratio) are
-observed by wrapping ``verify.check.check_case`` while ``Campaign._property`` builds its
-property; if that wiring changes the self-test stops with an error instead of reporting
-nothing.
+observed through ``Campaign._observe``, which the campaign's property calls with each
+verdict from its supervised worker; if that wiring changes the self-test stops with an error
+instead of reporting nothing.
 """
 
 from __future__ import annotations
@@ -172,8 +172,6 @@ def run_campaign(spec: str, device: str, *, seed: int, out: Path, seconds: float
     Stops at the first (shrunk) failure. The campaign's printout is appended to
     ``out/fuzz.log``; its example database ``out/hypothesis-db`` is removed first.
     """
-    import verify.check
-    from verify.adapters import resolve_kernel
     from verify.cases import load_case_file
     from verify.fuzz import Campaign
 
@@ -181,26 +179,14 @@ def run_campaign(spec: str, device: str, *, seed: int, out: Path, seconds: float
     t0 = time.monotonic()
 
     class _Observed(Campaign):
-        def _property(self, bar, deadline):
-            real = verify.check.check_case
-
-            def observed(*args, **kwargs):
-                verdict = real(*args, **kwargs)
-                seen.append((time.monotonic() - t0, verdict))
-                return verdict
-
-            verify.check.check_case = observed
-            try:
-                return super()._property(bar, deadline)
-            finally:
-                verify.check.check_case = real
+        def _observe(self, case, verdict):
+            seen.append((time.monotonic() - t0, verdict))
 
     shutil.rmtree(out / "hypothesis-db", ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "fuzz.log", "a", encoding="utf-8") as log, contextlib.redirect_stdout(log):
         try:
-            kernel = resolve_kernel(spec, device)
-            campaign = _Observed(kernel, kernel_spec=spec, device=device, out=out,
+            campaign = _Observed(None, kernel_spec=spec, device=device, out=out,
                                  minutes=None if seconds is None else seconds / 60.0,
                                  examples=examples, seed=seed, quiet=quiet)
             t0 = time.monotonic()
@@ -211,8 +197,8 @@ def run_campaign(spec: str, device: str, *, seed: int, out: Path, seconds: float
                                   error=f"{type(e).__name__}: {e}")
     wall = time.monotonic() - t0
     if campaign.calls and not seen:
-        raise RuntimeError("verify.fuzz.Campaign no longer calls verify.check.check_case "
-                           "through _property; the self-test cannot observe verdicts")
+        raise RuntimeError("verify.fuzz.Campaign no longer reports its verdicts through "
+                           "_observe; the self-test cannot observe them")
     res = CampaignResult(examples=len(seen), wall_s=wall)
     ran = [v for _, v in seen if v.status != "not_run"]
     res.worst_ratio = max((_ratio(v) for v in ran), default=0.0)

@@ -1,0 +1,306 @@
+"""Campaigns that never lose a failure (verify/supervise.py, verify/fuzz.py).
+
+Each misbehaving kernel of tests/misbehaving_kernels.py is fuzzed through the CLI: the campaign
+must end inside its budget with exit 1 and a case file whose replay in a fresh process
+(``python -m verify repro CASE.json``) fails the same way. The kernels are pure PyTorch, so a
+case takes milliseconds and the time goes into process starts and the shrinks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from verify import cli
+from verify.cases import Case, load_case_file
+from verify.supervise import (
+    BASE_TIMEOUT_S,
+    TIMEOUT_MEDIAN_FACTOR,
+    Supervisor,
+    normalise_message,
+    root_cause,
+)
+from verify.sweep import run_cases
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNELS = ROOT / "tests" / "misbehaving_kernels.py"
+ENV = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1",
+       "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+@pytest.fixture(autouse=True)
+def _keep_env(monkeypatch):
+    """``main`` sets TRITON_INTERPRET for --device cpu; restore it after each test."""
+    monkeypatch.setenv("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET", "1"))
+
+
+def _spec(name: str) -> str:
+    return f"{KERNELS}:{name}"
+
+
+def _fuzz(name: str, out: Path, *extra: str) -> tuple[int, float]:
+    t0 = time.monotonic()
+    rc = cli.main(["fuzz", "--kernel", _spec(name), "--device", "cpu", "--seed", "7",
+                   "--max-n", "16", "--dtypes", "float32", "--out", str(out), "--quiet",
+                   *extra])
+    return rc, time.monotonic() - t0
+
+
+def _repro(case_file: Path, name: str, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "verify", "repro", str(case_file), "--kernel",
+                           _spec(name), "--device", "cpu", *extra],
+                          capture_output=True, text=True, timeout=120, env=ENV, cwd=ROOT)
+
+
+# One row per behaviour that can happen on a CPU: kernel, expected failure class, extra flags
+# (with the budget the campaign must end inside), and the repro status line's class.
+CAMPAIGNS = [
+    ("segv_large", "crashed", ["--minutes", "0.5"], "crashed"),
+    ("abort_large", "crashed", ["--minutes", "0.5"], "crashed"),
+    ("hang_large", "timeout", ["--minutes", "0.2", "--case-timeout", "1"], "timeout"),
+    ("cuda_error_large", "cuda_error", ["--minutes", "0.5"], "cuda_error"),
+    ("first_use_wrong", "flaky", ["--minutes", "0.5"], None),
+    ("random_wrong", "flaky", ["--minutes", "0.5"], None),
+]
+
+
+@pytest.mark.parametrize(("name", "cls", "extra", "repro_cls"), CAMPAIGNS,
+                         ids=[c[0] for c in CAMPAIGNS])
+def test_campaign_keeps_the_failure_and_its_replay_fails_the_same_way(name, cls, extra,
+                                                                      repro_cls, tmp_path):
+    out = tmp_path / "fz"
+    rc, wall = _fuzz(name, out, *extra)
+    assert rc == 1
+    minutes = float(extra[extra.index("--minutes") + 1])
+    timeout = float(extra[extra.index("--case-timeout") + 1]) if "--case-timeout" in extra \
+        else 0.0
+    # inside the budget, to within one case timeout (+ start-up and writing what was found)
+    assert wall < 60 * minutes + timeout + 10, wall
+    files = sorted((out / "failures").glob(f"{cls}-*.json"))
+    assert len(files) == 1, sorted(p.name for p in (out / "failures").iterdir())
+    assert not list((out / "inflight").glob("*.json"))  # nothing left in flight
+    case, meta = load_case_file(files[0])
+    assert meta["verdict"]["failure"] == cls
+    if cls in ("crashed", "timeout", "cuda_error"):
+        # shrunk, every candidate in a fresh worker (a hang's shrink may be cut by the budget)
+        assert case.Nq == 9 if cls != "timeout" else 8 < case.Nq < 16
+        assert meta["verdict"]["observations"]["exception"]["frame"].startswith(
+            "misbehaving_kernels.py:")
+    r = _repro(files[0], name, *(["--case-timeout", "1"] if cls == "timeout" else []))
+    assert r.returncode == 1, r.stdout + r.stderr
+    status = next(ln for ln in r.stdout.splitlines() if ln.startswith("status:"))
+    if repro_cls is not None:
+        assert f"({repro_cls})" in status
+    else:
+        assert "fail" in status
+
+
+def test_a_kernel_that_crashes_on_the_probes_is_a_failure_not_a_usage_error(tmp_path):
+    rc, _ = _fuzz("segv_always", tmp_path / "fz", "--examples", "5")
+    assert rc == 1
+    (f,) = (tmp_path / "fz" / "failures").glob("*.json")
+    _, meta = load_case_file(f)
+    assert meta["verdict"]["failure"] == "crashed"
+    assert "SIGSEGV" in meta["verdict"]["reason"]
+
+
+def test_flaky_failures_say_first_use_or_random(tmp_path):
+    kinds = {}
+    for name in ("first_use_wrong", "random_wrong"):
+        rc, _ = _fuzz(name, tmp_path / name, "--examples", "40")
+        assert rc == 1
+        (f,) = (tmp_path / name / "failures").glob("flaky-*.json")
+        flaky = json.loads(f.read_text())["verdict"]["observations"]["flaky"]
+        assert flaky["first"]["status"] == "fail"
+        assert flaky["replay"]["status"] in ("pass", "fail")
+        kinds[name] = flaky["kind"]
+    assert kinds["first_use_wrong"] == "first_use"
+    assert kinds["random_wrong"] in ("random", "fresh_fails", "history")
+
+
+def test_random_order_is_a_failure(tmp_path):
+    """A kernel whose bits change from call to call: nondeterministic, or flaky when a replay
+    happened to repeat the bits; either way exit 1 and a file."""
+    rc, _ = _fuzz("random_order", tmp_path / "fz", "--examples", "60")
+    assert rc == 1
+    classes = {json.loads(p.read_text())["verdict"]["failure"]
+               for p in (tmp_path / "fz" / "failures").glob("*.json")}
+    assert classes and classes <= {"nondeterministic", "flaky"}
+
+
+def test_one_root_cause_is_one_failure_file(tmp_path):
+    """Every head dim below 16 raises the same compiler error: --keep-going records it once,
+    with the configurations it hit, instead of once per configuration."""
+    out = tmp_path / "fz"
+    rc = cli.main(["fuzz", "--kernel", _spec("compile_error_small_d"), "--device", "cpu",
+                   "--seed", "3", "--max-n", "16", "--examples", "60", "--keep-going",
+                   "--dtypes", "float32", "float16", "--out", str(out), "--quiet"])
+    assert rc == 1
+    files = sorted((out / "failures").glob("*.json"))
+    assert [p.name.split("-")[0] for p in files] == ["raised"]
+    info = json.loads(files[0].read_text())["verdict"]["observations"]["root_cause"]
+    assert info["hits"] >= 2 and len(info["configurations"]) >= 2
+    assert info["key"][3].startswith("misbehaving_kernels.py:")  # the innermost kernel frame
+
+
+def test_sweep_dedups_by_root_cause_and_keeps_the_smallest_case(tmp_path):
+    cases = [Case(B=1, Hq=2, Hkv=2, Nq=n, Nk=n, D=d, dtype=dt, seed=1)
+             for n, d, dt in [(12, 8, "float32"), (5, 4, "float16"), (7, 32, "float32"),
+                              (9, 2, "float32")]]
+    recs = run_cases(None, cases, "cpu", kernel_spec=_spec("compile_error_small_d"),
+                     failures_dir=tmp_path / "f", quiet=True)
+    assert [r["status"] for r in recs] == ["fail", "fail", "pass", "fail"]
+    files = list((tmp_path / "f").glob("*.json"))
+    assert len(files) == 1
+    case, meta = load_case_file(files[0])
+    assert (case.Nq, case.D) == (5, 4)  # the smallest of the three
+    info = meta["verdict"]["observations"]["root_cause"]
+    assert info["hits"] == 3 and len(info["configurations"]) == 2
+    assert {r["case_file"] for r in recs if r["status"] == "fail"} == {str(files[0])}
+
+
+def test_cuda_error_replaces_the_worker_and_is_confirmed(tmp_path):
+    """After a CUDA error every later call in that process fails; the worker is replaced, so
+    the next cases pass, and the error is re-run in a fresh worker to confirm it."""
+    cases = [Case(B=1, Hq=1, Hkv=1, Nq=n, Nk=4, D=8, dtype="float32", seed=2)
+             for n in (4, 12, 4, 5)]
+    recs = run_cases(None, cases, "cpu", kernel_spec=_spec("cuda_error_large"),
+                     failures_dir=tmp_path / "f", quiet=True)
+    assert [r["failure"] for r in recs] == [None, "cuda_error", None, None]
+    assert recs[1]["observations"]["confirmed"]["reproduced"] is True
+    assert "reproduced in a fresh worker" in recs[1]["reason"]
+
+
+def test_root_cause_ignores_numbers_and_addresses():
+    a = normalise_message("at 41:12: operands of shape (9, 8) and (8, 9): K = 8 at 0x7f3a1c")
+    b = normalise_message("at 41:12: operands of shape (5, 4) and (4, 5): K = 4 at 0x55aa00")
+    assert a == b
+    v = {"failure": "raised", "reason": "x", "observations": {"exception": {
+        "type": "CompilationError", "message": "K = 8", "frame": "k.py:3 in f",
+        "where": "forward"}}}
+    assert root_cause(v) == ("raised", "forward:CompilationError", "K = #", "k.py:3 in f")
+    assert root_cause({"failure": "numerical"}) is None
+
+
+def test_default_timeout_follows_the_median_and_leaves_first_cases_out():
+    sup = Supervisor("sdpa-math", "cpu")
+    try:
+        assert sup.timeout() == BASE_TIMEOUT_S
+        sup._times.extend([0.1, 0.2, 5.0])
+        assert sup.timeout() == pytest.approx(BASE_TIMEOUT_S + TIMEOUT_MEDIAN_FACTOR * 0.2)
+    finally:
+        sup.close()
+    assert Supervisor("sdpa-math", "cpu", case_timeout=3).timeout() == 3
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_killed_parent_leaves_an_in_flight_case_that_the_next_campaign_records(tmp_path):
+    """Write-ahead: SIGKILL the campaign while a case hangs; its in-flight case file is on
+    disk, and a campaign started in the same directory re-checks it first."""
+    out = tmp_path / "fz"
+    proc = subprocess.Popen([sys.executable, "-m", "verify", "fuzz", "--kernel",
+                             _spec("hang_large"), "--device", "cpu", "--seed", "7",
+                             "--max-n", "16", "--dtypes", "float32", "--case-timeout", "600",
+                             "--out", str(out), "--quiet"], env=ENV, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 60
+        while time.monotonic() < end and not list((out / "inflight").glob("*.json")):
+            time.sleep(0.2)
+        time.sleep(1.0)  # let it be stuck in the hanging case
+        family = _descendants(proc.pid)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # the hung worker (and the fork server it keeps alive) go with the campaign
+    end = time.monotonic() + 10
+    while time.monotonic() < end and any(_alive(p) for p in family):
+        time.sleep(0.2)
+    assert not [p for p in family if _alive(p)]
+    left = list((out / "inflight").glob("inflight-*.json"))
+    assert len(left) == 1
+    case, meta = load_case_file(left[0])
+    assert meta["verdict"]["status"] == "in_flight" and case.Nq > 8
+    rc, _ = _fuzz("hang_large", out, "--examples", "1", "--case-timeout", "1")
+    assert rc == 1
+    assert not list((out / "inflight").glob("*.json"))
+    assert list((out / "failures").glob("timeout-*.json"))
+
+
+def test_sigterm_keeps_what_was_found(tmp_path):
+    out = tmp_path / "fz"
+    proc = subprocess.Popen([sys.executable, "-m", "verify", "fuzz", "--kernel",
+                             _spec("hang_large"), "--device", "cpu", "--seed", "7",
+                             "--max-n", "16", "--dtypes", "float32", "--case-timeout", "1",
+                             "--examples", "100000", "--keep-going", "--out", str(out),
+                             "--quiet"], env=ENV, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.monotonic() + 60
+        while time.monotonic() < end and not list((out / "failures").glob("*.json")):
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        stdout, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1
+    assert "interrupted" in stdout
+    assert list((out / "failures").glob("timeout-*.json"))
+
+
+def test_the_campaign_process_never_imports_the_kernel(tmp_path):
+    """Our Triton kernel runs in the workers only: the parent of `fuzz` never imports
+    ``kernels``, nor Triton's JIT of it, and still gets verdicts from it."""
+    code = ("import sys; from verify import cli; "
+            f"rc = cli.main(['fuzz', '--kernel', 'triton', '--device', 'cpu', '--examples', "
+            f"'2', '--seed', '1', '--max-n', '8', '--dtypes', 'float32', '--out', "
+            f"{str(tmp_path / 'fz')!r}, '--quiet']); "
+            "print('rc', rc, 'kernels' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300, env=ENV, cwd=ROOT)
+    assert r.stdout.strip().splitlines()[-1] == "rc 0 False", r.stdout + r.stderr
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["fuzz", "--kernel", "online", "--case-timeout", "0"], "--case-timeout"),
+    (["run", "--device", "cpu", "--case-timeout", "inf"], "--case-timeout"),
+    (["repro", "x.json", "--repeat", "0"], "--repeat"),
+])
+def test_bad_new_flags_exit_2_naming_the_argument(argv, needle, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0]

@@ -1,0 +1,776 @@
+"""Supervised worker processes: the kernel runs in a child process, never in the caller.
+
+Like libFuzzer's fork mode or pytest-xdist's worker restart, the parent (a campaign, a sweep,
+``repro``) only hands cases out and collects verdicts; a worker resolves the kernel spec,
+materialises each case, runs the kernel and judges it (:func:`verify.check.check_case`).
+Workers are reused while healthy, so compiled Triton kernels stay warm, and replaced after a
+crash, a timeout or a CUDA error that leaves the context unusable.
+
+Protocol (one pipe per worker, pickled tuples; a case is the :class:`~verify.cases.Case` or
+``TensorCase`` dataclass, a verdict travels as ``Verdict.to_dict()``):
+
+- parent -> worker: ``("check", case, next_case)``, ``("caps", None)``, ``("stop", None)``;
+  ``next_case`` (or None) is drawn in a thread while ``case`` runs.
+- worker -> parent: ``("ready", info)`` or ``("spec_error", message)`` once; then
+  ``("verdict", verdict_dict, poisoned)``, ``("caps", dict)`` or ``("harness_error", text)``.
+
+What the parent makes of a worker that does not answer:
+
+- ``crashed``: the worker died while the case ran (the signal or the exit status is named).
+- ``timeout``: no verdict within the case timeout. The worker's Python stacks are dumped
+  first (``faulthandler`` on SIGUSR1), then it is killed.
+- ``cuda_error`` (decided in the worker): the kernel raised a CUDA error (illegal address,
+  launch failure, device-side assert, ...) or one surfaced at the synchronize after the case.
+  The worker exits, since its CUDA context is unusable, and the case is re-run in a fresh
+  worker to confirm it. A crash in a worker that had run earlier cases is confirmed the same
+  way.
+
+For all three, the innermost frame in the kernel's own code comes from the worker's
+``faulthandler`` dump (a fatal signal or the SIGUSR1 before a kill); with the class, the
+exception type (or signal) and the message with numbers stripped it forms the root cause
+(:func:`root_cause`) by which failures are deduplicated.
+
+Write-ahead: with ``failures_dir`` set, each case is written as ``inflight/inflight-<id>.json``
+(a case file whose verdict says ``in_flight``) before it is sent; a crash or a timeout turns
+it into ``failures/<class>-<id>.json`` at once, a verdict removes it. A parent killed while a
+case runs leaves the in-flight file behind, and the next campaign in the same directory
+re-checks it first.
+
+Processes come from the ``forkserver`` start method: a server process, started clean (exec,
+as with ``spawn``), imports torch, Triton and the harness once; never the kernel, and never
+CUDA, so no CUDA context is ever forked. A worker is then a fork of that server (tens of ms
+instead of a torch import of seconds), which is what makes "every shrink candidate of a crash
+in a fresh worker" affordable. ``spawn`` is used where forkserver does not exist.
+
+Caveat: a worker that hangs inside a C call holding no Python frame of the kernel dumps only
+the harness's frames; its root cause then has the frame ``?``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import re
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait as _wait_conns
+from pathlib import Path
+from typing import Any
+
+# Failure classes decided by the supervisor (a worker that did not answer) or the worker (a
+# CUDA error). Shrinking one of them runs every candidate in a fresh worker.
+CRASH_CLASSES = ("crashed", "timeout", "cuda_error")
+# Classes deduplicated by root cause (class, exception type, message without numbers,
+# innermost kernel frame) instead of by (class, worst tensor, configuration).
+ROOT_CAUSE_CLASSES = ("raised", *CRASH_CLASSES)
+
+# Default case timeout = BASE_TIMEOUT_S + TIMEOUT_MEDIAN_FACTOR x the median case time. The
+# base is what any case may take on top of the typical one: a cold Triton compile of a new
+# kernel variant with its autotune configs on a GPU (seconds to tens of seconds; not measured
+# for our grid), or one slow case in the Triton interpreter (8.3 s, the slowest of the CPU
+# sweep below). A minute keeps those from reading as hangs and still catches a hang in about
+# a minute.
+BASE_TIMEOUT_S = 60.0
+# Measured on the CPU sweep (fixed_sweep("cpu"), a worker's first case left out): sdpa-math
+# median 0.029 s, slowest 0.155 s (5.3x); our Triton kernel in the interpreter median 1.05 s,
+# slowest 8.3 s (7.9x). 20x the median is over twice the largest spread seen.
+TIMEOUT_MEDIAN_FACTOR = 20.0
+# Case times kept for the median: a few hundred cases follow a shift in the draw (a long
+# campaign climbs toward larger N) without remembering the start forever.
+TIMING_WINDOW = 256
+# Starting a worker (fork, set up, import the kernel module; a Triton kernel module on a cold
+# disk takes several seconds) gets this long before it counts as a failure to start.
+START_TIMEOUT_S = 300.0
+# After SIGUSR1 a hung worker gets this long to write its stacks before SIGKILL; faulthandler
+# writes from the signal handler, a few ms in practice.
+DUMP_GRACE_S = 1.0
+# How often a waiting parent looks at its workers even when no pipe is readable (a worker
+# killed from outside whose pipe end stays open in a grandchild). Short enough for the
+# timeouts' resolution, long enough to cost nothing.
+POLL_S = 0.5
+# How often a worker checks that the campaign process still exists (_watch_parent): a worker
+# left behind by a killed campaign goes within a second, at the cost of one kill(pid, 0).
+PARENT_POLL_S = 1.0
+
+# Substrings (lower case) of a CUDA error that leaves the context unusable. From the CUDA
+# runtime's error strings (cudaErrorIllegalAddress, cudaErrorLaunchFailure, cudaErrorAssert,
+# cudaErrorMisalignedAddress, cudaErrorIllegalInstruction, ...) as torch and Triton raise them.
+CUDA_ERROR_MARKERS = (
+    "illegal memory access", "an illegal address", "illegal address",
+    "unspecified launch failure", "launch failure", "device-side assert",
+    "misaligned address", "illegal instruction", "cuda error", "cuda_error_",
+    "hardware stack error", "uncorrectable ecc",
+)
+
+
+# The verdict of a write-ahead file (``inflight/inflight-<id>.json``).
+INFLIGHT_VERDICT = {"status": "in_flight", "failure": None,
+                    "reason": "written before the case ran; a file left here means the "
+                              "campaign stopped while it ran"}
+
+
+class SupervisorError(RuntimeError):
+    """A worker could not be started, or the harness itself raised inside one (a bug in the
+    harness, not a kernel failure). The CLI prints it as one line and exits 2."""
+
+
+class ProbeCrashed(SupervisorError):
+    """The kernel crashed or hung on the tiny inputs that probe its capabilities: a failure
+    of the kernel (``fuzz`` records it and exits 1), not a usage error."""
+
+
+@dataclass
+class _Worker:
+    proc: Any
+    conn: Any
+    dump: str
+    started: float
+    state: str = "starting"  # "starting", "idle", "busy", "dead"
+    info: dict = field(default_factory=dict)
+    cases: int = 0  # cases finished in this worker
+    slot_case: int | None = None  # index (in the current batch) of the running case
+    t0: float = 0.0
+    limit: float = 0.0
+    inflight: Path | None = None
+
+    def exit_text(self) -> str:
+        self.proc.join(2.0)
+        code = self.proc.exitcode
+        if code is None:
+            return "the worker stopped answering (still running)"
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return f"killed by {name} (signal {-code})"
+        return f"exited with status {code}"
+
+    def signal_name(self) -> str:
+        code = self.proc.exitcode
+        if code is not None and code < 0:
+            try:
+                return signal.Signals(-code).name
+            except ValueError:
+                return f"signal {-code}"
+        return f"exit {code}"
+
+
+# ------------------------------------------------------------------------------------------
+# the worker side
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this worker when its parent goes (a killed campaign leaves no orphan
+    spinning in a hung kernel)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except Exception:
+        pass
+
+
+def _watch_parent(pid: int) -> None:
+    """Exit when the campaign process is gone. A worker is forked from the forkserver, not
+    from the campaign, so PDEATHSIG fires only when the server goes, and the server stays up
+    while any worker holds its liveness pipe: without this a worker stuck in a hung kernel
+    would outlive a killed campaign, and keep the server alive too."""
+    while True:
+        time.sleep(PARENT_POLL_S)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            os._exit(70)
+        except PermissionError:
+            pass
+
+
+def _is_cuda_error(text: str) -> bool:
+    low = text.lower()
+    return any(m in low for m in CUDA_ERROR_MARKERS)
+
+
+def _worker_main(conn, spec: str, device: str, threads: int | None, dump_path: str,
+                 parent_pid: int) -> None:
+    import concurrent.futures as cf
+    import faulthandler
+    import threading
+    import traceback
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt does
+    _die_with_parent()
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True,
+                     name="watch-parent").start()
+    dump = open(dump_path, "w")  # noqa: SIM115 (open for the process's lifetime)
+    faulthandler.enable(dump, all_threads=True)
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, dump, all_threads=True)
+    import torch
+
+    if threads:
+        # The cores are shared out: J workers with a full-width OpenMP pool each would
+        # oversubscribe the machine and slow every CPU-side step by orders of magnitude.
+        torch.set_num_threads(threads)
+    from verify.adapters import describe_exception, kernel_source_root, resolve_kernel
+    from verify.cases import Case
+    from verify.check import check_case
+
+    try:
+        kernel = resolve_kernel(spec, device)
+    except Exception as e:
+        conn.send(("spec_error", str(e).splitlines()[0] if str(e) else describe_exception(e)))
+        return
+    conn.send(("ready", {"pid": os.getpid(), "kernel_root": kernel_source_root(kernel)}))
+    cuda = torch.device(device).type == "cuda"
+    drawing = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="draw")
+    pending: tuple[Any, Any] | None = None  # (case, future of case.draw())
+    while True:
+        try:
+            op, payload, *rest = conn.recv()
+        except (EOFError, OSError):
+            return
+        if op == "stop":
+            return
+        case = None
+        try:
+            if op == "caps":
+                caps = {k: v for k, v in kernel.capabilities.items() if not callable(v)}
+                conn.send(("caps", caps))
+                continue
+            case, hint = payload, (rest[0] if rest else None)
+            drawn = None
+            if pending is not None and pending[0] == case:
+                try:
+                    drawn = pending[1].result()
+                except Exception:
+                    drawn = None  # the case's own draw raises the same error where it always did
+            pending = None
+            # type(), not isinstance: a TensorCase passes attribute reads through to its Case
+            if hint is not None and type(hint) is Case:
+                pending = (hint, drawing.submit(hint.draw))
+            verdict = check_case(kernel, case, device, drawn=drawn)
+            poisoned = False
+            if verdict.failure == "raised" and _is_cuda_error(verdict.reason):
+                verdict.failure, poisoned = "cuda_error", True
+            elif cuda:
+                try:
+                    torch.cuda.synchronize()
+                except Exception as e:  # a sticky error from an asynchronous launch
+                    poisoned = True
+                    verdict.status, verdict.failure = "fail", "cuda_error"
+                    verdict.reason = f"CUDA error at the synchronize after the case: " \
+                                     f"{describe_exception(e)}"
+            d = verdict.to_dict()
+            d.pop("case")  # the parent has it (a TensorCase's dict does not load as a Case)
+            conn.send(("verdict", d, poisoned))
+            if poisoned:
+                return
+        except Exception as e:
+            if case is None or not _is_cuda_error(str(e)):
+                conn.send(("harness_error", traceback.format_exc()))
+                continue
+            # An asynchronous CUDA error of the kernel surfacing in a later harness call: the
+            # case fails with it and the context is unusable.
+            from verify.adapters import exception_info
+            from verify.check import Verdict
+
+            verdict = Verdict(case=case, kernel=spec, device=device, status="fail",
+                              failure="cuda_error",
+                              reason=f"CUDA error after the kernel ran: {describe_exception(e)}")
+            verdict.observations["exception"] = exception_info(e, kernel_source_root(kernel),
+                                                               "harness")
+            d = verdict.to_dict()
+            d.pop("case")
+            conn.send(("verdict", d, True))
+            return
+
+
+# ------------------------------------------------------------------------------------------
+# the parent side
+
+_CTX = None
+
+
+def _context():
+    """The forkserver context, its server preloading torch, Triton and the harness (module
+    docstring); spawn where there is no forkserver."""
+    global _CTX
+    if _CTX is None:
+        if "forkserver" in multiprocessing.get_all_start_methods():
+            _CTX = multiprocessing.get_context("forkserver")
+            # Never the kernel, never anything that initialises CUDA: imports only.
+            _CTX.set_forkserver_preload(["torch", "triton", "verify.check", "verify.supervise"])
+        else:
+            _CTX = multiprocessing.get_context("spawn")
+    return _CTX
+
+
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+def kernel_frame(dump: str, kernel_root: str | None) -> str:
+    """The innermost frame of the kernel's own code in a faulthandler dump (which lists the
+    most recent call first), as ``file.py:LINE in func``; ``?`` when there is none."""
+    frames = [m.groupdict() for m in _FRAME.finditer(dump)]
+    for f in frames:
+        if kernel_root and os.path.abspath(f["file"]).startswith(kernel_root):
+            return f"{os.path.basename(f['file'])}:{f['line']} in {f['func']}"
+    return "?"
+
+
+def _stack_text(dump: str, limit: int = 12) -> str:
+    """The first thread's stack of a dump, at most ``limit`` frames, for the case file."""
+    lines = dump.strip().splitlines()
+    keep, frames = [], 0
+    for ln in lines:
+        keep.append(ln)
+        if ln.strip().startswith("File "):
+            frames += 1
+            if frames >= limit:
+                break
+    return "\n".join(keep)
+
+
+class Supervisor:
+    """Runs cases in supervised worker processes (module docstring).
+
+    ``case_timeout``: seconds per case, or None for the default derived from observed case
+    times (:meth:`timeout`). ``failures_dir``: where crash/timeout failures are written at
+    once (and ``<failures_dir>/../inflight`` holds the write-ahead files); None: neither.
+    ``threads``: torch threads per worker (None: leave the default).
+    """
+
+    def __init__(self, kernel_spec: str, device: str, *, case_timeout: float | None = None,
+                 failures_dir: str | Path | None = None, threads: int | None = None) -> None:
+        if case_timeout is not None and not case_timeout > 0:
+            raise ValueError(f"--case-timeout must be a number > 0, got {case_timeout}")
+        self.spec = kernel_spec
+        self.device = device
+        self.case_timeout = case_timeout
+        self.failures_dir = None if failures_dir is None else Path(failures_dir)
+        self.inflight_dir = None if failures_dir is None else Path(failures_dir).parent / \
+            "inflight"
+        self.threads = threads
+        self._tmp = tempfile.mkdtemp(prefix="flashcheck-workers-")
+        self._n = 0
+        self._slots: list[_Worker | None] = []
+        self._spare: _Worker | None = None
+        self._times: deque[float] = deque(maxlen=TIMING_WINDOW)
+        self.kernel_root: str | None = None
+        self._inflight_head: str | None = None
+        self.started = 0  # workers started, for reports and tests
+
+    # -- workers ---------------------------------------------------------------------------
+
+    def _spawn(self) -> _Worker:
+        ctx = _context()
+        parent, child = ctx.Pipe()
+        self._n += 1
+        dump = os.path.join(self._tmp, f"worker-{self._n}.log")
+        proc = ctx.Process(target=_worker_main, name=f"flashcheck-worker-{self._n}",
+                           args=(child, self.spec, self.device, self.threads, dump,
+                                 os.getpid()))
+        proc.start()
+        child.close()
+        self.started += 1
+        return _Worker(proc=proc, conn=parent, dump=dump, started=time.perf_counter())
+
+    def _take_spare(self) -> _Worker:
+        w = self._spare if self._spare is not None else self._spawn()
+        self._spare = None
+        return w
+
+    def _on_ready(self, w: _Worker, msg: tuple) -> None:
+        if msg[0] == "spec_error":
+            self._retire(w)
+            from verify.adapters import SpecError
+
+            raise SpecError(msg[1])
+        if msg[0] != "ready":
+            self._retire(w)
+            raise SupervisorError(f"worker sent {msg[0]!r} before 'ready'")
+        w.info = msg[1]
+        w.state = "idle"
+        self.kernel_root = w.info.get("kernel_root")
+
+    def _await_ready(self, w: _Worker) -> None:
+        end = time.perf_counter() + START_TIMEOUT_S
+        while w.state == "starting":
+            left = end - time.perf_counter()
+            if left <= 0:
+                self._kill(w)
+                raise SupervisorError(f"a worker for {self.spec!r} did not start within "
+                                      f"{START_TIMEOUT_S:g} s")
+            if w.conn.poll(min(left, POLL_S)):
+                try:
+                    msg = w.conn.recv()
+                except (EOFError, OSError):
+                    msg = None
+                if msg is None:
+                    why = w.exit_text()
+                    raise SupervisorError(f"the worker for {self.spec!r} died while starting "
+                                          f"(importing the kernel): {why}{self._dump_tail(w)}")
+                self._on_ready(w, msg)
+            elif not w.proc.is_alive():
+                raise SupervisorError(f"the worker for {self.spec!r} died while starting: "
+                                      f"{w.exit_text()}{self._dump_tail(w)}")
+
+    def _dump_tail(self, w: _Worker) -> str:
+        text = self._read_dump(w)
+        frame = kernel_frame(text, self.kernel_root)
+        return f" (innermost kernel frame: {frame})" if frame != "?" else ""
+
+    @staticmethod
+    def _read_dump(w: _Worker) -> str:
+        try:
+            with open(w.dump, encoding="utf-8", errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def _kill(self, w: _Worker) -> None:
+        w.state = "dead"
+        if w.proc.is_alive():
+            w.proc.kill()
+        w.proc.join(5.0)
+        w.conn.close()
+        try:
+            os.unlink(w.dump)
+        except OSError:
+            pass
+
+    def _retire(self, w: _Worker) -> None:
+        """Stop a healthy worker (it exits when it reads "stop"; killed if it does not)."""
+        if w.state in ("idle", "starting") and w.proc.is_alive():
+            try:
+                w.conn.send(("stop", None))
+            except OSError:
+                pass
+            w.proc.join(1.0)
+        self._kill(w)
+
+    def close(self) -> None:
+        for w in [*self._slots, self._spare]:
+            if w is not None and w.state != "dead":
+                self._retire(w)
+        self._slots, self._spare = [], None
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def __enter__(self) -> Supervisor:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _worker(self, slot: int, *, fresh: bool) -> _Worker:
+        while len(self._slots) <= slot:
+            self._slots.append(None)
+        w = self._slots[slot]
+        if w is not None and (w.state == "dead" or (fresh and w.cases > 0)):
+            if w.state != "dead":
+                self._retire(w)
+            w = None
+        if w is None:
+            w = self._take_spare()
+            self._slots[slot] = w
+        return w
+
+    def start(self) -> None:
+        """Start the first worker and wait until it has resolved the kernel (a bad spec
+        raises SpecError here)."""
+        self._await_ready(self._worker(0, fresh=False))
+
+    def capabilities(self) -> dict:
+        """The kernel's capabilities, probed inside a worker (callables left out)."""
+        w = self._worker(0, fresh=False)
+        self._await_ready(w)
+        w.conn.send(("caps", None))
+        end = time.perf_counter() + self.timeout()
+        while True:
+            if w.conn.poll(POLL_S):
+                try:
+                    msg = w.conn.recv()
+                except (EOFError, OSError):
+                    msg = None
+                if msg is None:
+                    why = w.exit_text()
+                    self._kill(w)
+                    raise ProbeCrashed(f"the kernel {self.spec!r} took its worker down while "
+                                       f"its capabilities were probed: {why}")
+                if msg[0] == "harness_error":
+                    raise SupervisorError(f"probing {self.spec!r} failed: {msg[1].strip()}")
+                return msg[1]
+            if not w.proc.is_alive() or time.perf_counter() > end:
+                why = w.exit_text() if not w.proc.is_alive() else \
+                    f"no answer within {self.timeout():g} s"
+                self._kill(w)
+                raise ProbeCrashed(f"the kernel {self.spec!r} took its worker down while its "
+                                   f"capabilities were probed: {why}")
+
+    # -- timeouts --------------------------------------------------------------------------
+
+    def timeout(self) -> float:
+        """The case timeout: ``case_timeout`` when given, else BASE_TIMEOUT_S +
+        TIMEOUT_MEDIAN_FACTOR x the median case time. A worker's first case carries the
+        compile and import warm-up and is left out of the median (compile time counts once)."""
+        if self.case_timeout is not None:
+            return self.case_timeout
+        med = statistics.median(self._times) if self._times else 0.0
+        return BASE_TIMEOUT_S + TIMEOUT_MEDIAN_FACTOR * med
+
+    # -- write-ahead -----------------------------------------------------------------------
+
+    def _write_ahead(self, case: Any) -> Path | None:
+        if self.inflight_dir is None:
+            return None
+        import hashlib
+        import json
+
+        from verify.cases import CASE_FILE_FORMAT, CASE_VERSION
+
+        # The case file of save_case_file, written directly: this runs before every case,
+        # and the case's JSON serves both the name (as in failure_id) and the content.
+        plain = getattr(case, "case", case)  # a TensorCase: its Case (tensors stay where
+        payload = plain.to_json(sort_keys=True)  # they are; the in-flight file names them)
+        digest = hashlib.sha1((case.to_json(sort_keys=True) if plain is case else
+                               repr(case.to_dict())).encode()).hexdigest()[:10]
+        if self._inflight_head is None:
+            self.inflight_dir.mkdir(parents=True, exist_ok=True)
+            self._inflight_head = (
+                f'{{"format": {json.dumps(CASE_FILE_FORMAT)}, "version": {CASE_VERSION}, '
+                f'"kernel": {json.dumps(self.spec)}, "device": {json.dumps(self.device)}, '
+                f'"verdict": {json.dumps(INFLIGHT_VERDICT)}, "case": ')
+        path = self.inflight_dir / f"inflight-{digest}.json"
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self._inflight_head + payload + "}\n")
+        return path
+
+    @staticmethod
+    def _unlink(path: Path | None) -> None:
+        if path is not None:
+            try:
+                path.unlink()
+            except OSError:
+                pass
+
+    # -- running cases ---------------------------------------------------------------------
+
+    def check(self, case: Any, *, fresh: bool = False, confirm: bool = True) -> Any:
+        """One case in one worker (a fresh one when ``fresh``); returns its Verdict."""
+        out: dict[int, Any] = {}
+        self.run([case], fresh=fresh, confirm=confirm, results=out)
+        return out[0]
+
+    def run(self, cases: list[Any], *, jobs: int = 1, fresh: bool = False,
+            confirm: bool = True, results: dict[int, Any] | None = None,
+            stop: Callable[[], str | None] | None = None,
+            on_result: Callable[[int, Any], None] | None = None) -> dict[int, Any]:
+        """Check ``cases`` in ``jobs`` workers; fills and returns ``results`` (index ->
+        Verdict). ``fresh``: every case in a worker that ran nothing before. ``stop()``
+        returning a reason ends the hand-out (running cases finish). ``on_result(i, v)`` is
+        called as results arrive. A KeyboardInterrupt kills the running workers and
+        propagates, with ``results`` holding what finished."""
+        results = {} if results is None else results
+        queue = deque(range(len(cases)))
+        busy: dict[int, _Worker] = {}  # slot -> worker running a case
+        confirm_idx: list[int] = []
+        try:
+            while queue or busy:
+                if stop is not None and queue and stop() is not None:
+                    queue.clear()
+                for slot in range(jobs):
+                    if not queue or slot in busy:
+                        continue
+                    w = self._worker(slot, fresh=fresh)
+                    if w.state == "starting":
+                        self._await_ready(w)
+                    i = queue.popleft()
+                    hint = cases[queue[0]] if (jobs == 1 and queue and not fresh) else None
+                    w.inflight = self._write_ahead(cases[i])
+                    w.slot_case, w.t0, w.limit = i, time.perf_counter(), self.timeout()
+                    w.state = "busy"
+                    w.conn.send(("check", cases[i], hint))
+                    busy[slot] = w
+                if fresh and self._spare is None:
+                    # Forks and starts while this case runs: the next fresh case (the next
+                    # shrink candidate) finds it ready.
+                    self._spare = self._spawn()
+                if not busy:
+                    continue
+                now = time.perf_counter()
+                wait_s = max(0.0, min(min(w.t0 + w.limit - now for w in busy.values()), POLL_S))
+                ready = _wait_conns([w.conn for w in busy.values()], timeout=wait_s)
+                for slot, w in list(busy.items()):
+                    alive = w.proc.is_alive()
+                    # A worker that exits right after its last message (a poisoned one) has
+                    # the message in the pipe: read it before calling the exit a crash.
+                    if w.conn in ready or (not alive and w.conn.poll(0)):
+                        try:
+                            msg = w.conn.recv()
+                        except (EOFError, OSError):
+                            msg = None
+                    elif not alive:
+                        msg = None
+                    elif time.perf_counter() > w.t0 + w.limit:
+                        msg = ("timeout",)
+                    else:
+                        continue
+                    del busy[slot]
+                    i = w.slot_case
+                    verdict = self._judge(w, cases[i], msg)
+                    if (confirm and verdict.failure in ("crashed", "cuda_error")
+                            and w.cases > 0):
+                        confirm_idx.append(i)
+                    if w.state != "dead":
+                        w.cases += 1
+                    results[i] = verdict
+                    if on_result is not None:
+                        on_result(i, verdict)
+        except KeyboardInterrupt:
+            for w in busy.values():
+                self._unlink(w.inflight)  # interrupted, not failed
+                self._kill(w)
+            raise
+        for i in confirm_idx:
+            results[i] = self._confirm(cases[i], results[i])
+        return results
+
+    def _judge(self, w: _Worker, case: Any, msg: tuple | None) -> Any:
+        from verify.check import Verdict
+
+        elapsed = time.perf_counter() - w.t0
+        if msg is not None and msg[0] == "verdict":
+            plain = getattr(case, "case", case)  # a TensorCase describes itself by its Case
+            verdict = Verdict.from_dict({**msg[1], "case": plain.to_dict()})
+            verdict.case = case
+            if w.cases > 0 and verdict.status != "not_run":
+                self._times.append(elapsed)
+            if msg[2]:  # poisoned: the worker exits by itself
+                w.state = "dead"
+                self._kill(w)
+            else:
+                w.state = "idle"
+            self._unlink(w.inflight)
+            if verdict.failure in CRASH_CLASSES:
+                self._write_now(case, verdict)
+            return verdict
+        if msg is not None and msg[0] == "harness_error":
+            w.state = "idle"
+            self._unlink(w.inflight)
+            raise SupervisorError(f"the harness raised inside a worker on {case.short()}:\n"
+                                  f"{msg[1].strip()}")
+        verdict = Verdict(case=case, kernel=self.spec, device=self.device, status="fail")
+        if msg is None:
+            why = w.exit_text()
+            sig = w.signal_name()
+            dump = self._read_dump(w)
+            verdict.failure = "crashed"
+            verdict.reason = f"the worker process died while the case ran: {why}"
+            exc_type = sig
+        else:
+            limit = w.limit
+            dump = self._dump_stacks(w)
+            verdict.failure = "timeout"
+            verdict.reason = f"no verdict within the case timeout of {limit:.3g} s"
+            exc_type = "timeout"
+        frame = kernel_frame(dump, self.kernel_root)
+        if frame != "?":
+            verdict.reason += f"; innermost kernel frame: {frame}"
+        verdict.timings = {"total": elapsed}
+        verdict.observations["exception"] = {"type": exc_type, "message": "", "frame": frame,
+                                             "where": "worker"}
+        if dump.strip():
+            verdict.observations["stack"] = _stack_text(dump)
+        self._kill(w)
+        self._write_now(case, verdict)
+        self._unlink(w.inflight)
+        return verdict
+
+    def _dump_stacks(self, w: _Worker) -> str:
+        """SIGUSR1 (faulthandler dumps every thread's stack), then wait for the text."""
+        if hasattr(signal, "SIGUSR1") and w.proc.is_alive():
+            size0 = os.path.getsize(w.dump) if os.path.exists(w.dump) else 0
+            try:
+                os.kill(w.proc.pid, signal.SIGUSR1)
+            except OSError:
+                return self._read_dump(w)
+            end = time.perf_counter() + DUMP_GRACE_S
+            while time.perf_counter() < end:
+                time.sleep(0.02)
+                if os.path.exists(w.dump) and os.path.getsize(w.dump) > size0:
+                    time.sleep(0.05)  # let the rest of the dump land
+                    break
+            return self._read_dump(w)[size0:] if size0 else self._read_dump(w)
+        return self._read_dump(w)
+
+    def _write_now(self, case: Any, verdict: Any) -> None:
+        """The in-flight file becomes the failure: written before anything else happens."""
+        if self.failures_dir is None:
+            return
+        from verify.sweep import write_failure
+
+        write_failure(self.failures_dir, case, verdict, kernel_spec=self.spec,
+                      device=self.device)
+
+    def _confirm(self, case: Any, verdict: Any) -> Any:
+        """Re-run a crash / CUDA error from a worker that had run earlier cases in a fresh
+        worker; the verdict says whether it reproduced."""
+        again = self.check(case, fresh=True, confirm=False)
+        same = again.failure == verdict.failure
+        verdict.observations["confirmed"] = {
+            "reproduced": same, "fresh_worker": f"{again.status}"
+            + (f" ({again.failure})" if again.failure else "")}
+        verdict.reason += ("; reproduced in a fresh worker" if same else
+                           f"; NOT reproduced in a fresh worker ({again.status}"
+                           + (f": {again.failure}" if again.failure else "")
+                           + "): an earlier case in the same worker may have caused it")
+        if verdict.case_file or self.failures_dir is not None:
+            self._write_now(case, verdict)  # rewrite with the confirmation
+        return verdict
+
+
+# ------------------------------------------------------------------------------------------
+# root causes
+
+_NUMBERS = re.compile(r"0x[0-9a-fA-F]+|[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+_NUMBER_LISTS = re.compile(r"#(?:\s*[,x×]\s*#)+")
+
+
+def normalise_message(text: str) -> str:
+    """A message with numbers, shapes and addresses stripped: ``D=8 < 16 at 0x7f..`` and
+    ``D=4 < 16 at 0x55..`` read the same."""
+    text = _NUMBERS.sub("#", text)
+    text = _NUMBER_LISTS.sub("#", text)
+    return " ".join(text.split())
+
+
+def root_cause(verdict: Any) -> tuple[str, str, str, str] | None:
+    """(class, exception type or signal, normalised message, innermost kernel frame) for a
+    raised / crashed / timeout / cuda_error failure; None for the other classes.
+
+    ``verdict`` is a Verdict or its ``to_dict()``."""
+    if isinstance(verdict, dict):
+        failure, reason = verdict.get("failure"), verdict.get("reason") or ""
+        obs = verdict.get("observations") or {}
+    else:
+        failure, reason, obs = verdict.failure, verdict.reason, verdict.observations
+    if failure not in ROOT_CAUSE_CLASSES:
+        return None
+    exc = obs.get("exception") or {}
+    if not exc:  # a verdict written before exceptions were recorded: the reason is all
+        return (str(failure), "?", normalise_message(reason), "?")
+    where = exc.get("where", "")
+    return (str(failure), f"{where}:{exc.get('type', '?')}",
+            normalise_message(exc.get("message", "")), exc.get("frame", "?"))
