@@ -415,13 +415,11 @@ def error_model(
     dk_canc = scale * torch.sqrt((cmult * canc * canc).transpose(-1, -2) @ (aq * aq))
     dk_ref = scale * (ds.transpose(-1, -2) @ q)
     dk_eq = _equal_run(ds, q, ok, -2)
-    # fp32 accumulation over the keys (dq) or the query rows (dk, dv), as for out. Under GQA
-    # a shared K/V head's gradient may be one running sum over its whole group's rows (our
-    # backward loops the group inside the key tile), so the length is the group's live rows:
-    # u_acc sqrt(sum_h n_h) per head, summed over the group below. It covers per-head sums
-    # added afterwards too (sqrt(n_h) <= sqrt(sum_h n_h)); with sqrt(n_h), one running sum
-    # over 3 x 78 rows (fp32, dO = 1) reached 1.45x the floor on the H200.
-    n_acc = _expand_kv(_group_sum(n_rows, hkv), hq) if hq != hkv else n_rows
+    # fp32 accumulation over the keys (dq) or the query rows (dk, dv), as for out, per head.
+    # One running sum over a whole GQA group's rows (a backward looping the group inside
+    # the key tile) is the family's gqa_group_fp32 member; 3x the family covers it (fp32,
+    # 3 x 78 rows summed one at a time, dO = 1: 0.55 of the tolerance), so no group term.
+    n_acc = n_rows
     dq_acc = U_ACC * torch.sqrt(n_keys) * scale * ads_ak
     dk_acc = U_ACC * torch.sqrt(n_acc) * scale * adst_aq
     dv_acc = U_ACC * torch.sqrt(n_acc) * pt_ado
