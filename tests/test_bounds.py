@@ -520,3 +520,17 @@ def calibrate(n_seeds: int = 72) -> None:
 
 if __name__ == "__main__":
     calibrate(int(sys.argv[1]) if len(sys.argv) > 1 else 72)
+
+
+def test_flush_to_zero_of_per_head_partials_is_allowed_unless_strict():
+    """A kernel that flushes each query head's dV to 0 before summing the GQA group (FTZ
+    arithmetic with per-head partials stored, as FlashAttention-2's GQA backward stores them)
+    returns 0 where the exact dv is a normal -2.0e-38: within the flush allowance
+    (verify/bounds.py, ftz_allowance), and a failure with strict_subnormals."""
+    case = Case(B=1, Hq=2, Hkv=1, Nq=5, Nk=5, D=4, dtype="bfloat16", is_causal=True,
+                grad_dist={"kind": "tiny", "factor": 1.0}, seed=0)
+    spec = "verify/controls/flush_to_zero.py:attention"
+    v = check_case(spec, case, "cpu")
+    assert v.status == "pass", v.summary()
+    strict = check_case(spec, case, "cpu", strict_subnormals=True)
+    assert strict.status == "fail", strict.summary()

@@ -506,6 +506,32 @@ def error_model(
     return bounds
 
 
+# Flush-to-zero arithmetic drops every value below the smallest normal number of the format
+# it is held in: each product entering an fp32 accumulator, and, where a kernel stores
+# per-head dK/dV in the input dtype before summing a GQA group, each per-head partial.
+# Dropping a term moves a sum by less than that smallest normal, so a kernel flushing any
+# subset of them is within n_i * tiny(fp32) (+ g * tiny(input dtype) for dK/dV under GQA) of
+# one that flushes none; n_i is the number of terms of element i's sum. Negligible except for
+# results near the underflow threshold, where it is what FTZ kernels do (cuDNN bf16 dq,
+# dO = tiny: 0 for an exact -2.5e-38 on the H200; a per-head-flushing GQA control: 0 for
+# 1.27e-38 on fp32 dk).
+TINY_ACC = torch.finfo(torch.float32).tiny
+
+
+def ftz_allowance(allowed: torch.Tensor, bias: torch.Tensor | None, shape: tuple,
+                  hkv: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Per tensor, broadcastable to it: the largest change flushing can make (above).
+    ``shape`` is (B, Hq, Nq, Nk); ``allowed`` and ``bias`` broadcast to it."""
+    b, hq, nq, nk = shape
+    live = allowed if bias is None else allowed & (bias > -math.inf)
+    live = live.expand(b, hq, nq, nk)
+    n_keys = live.sum(-1, keepdim=True).to(torch.float64)  # (B, Hq, Nq, 1)
+    n_rows = _group_sum(live.sum(-2).to(torch.float64), hkv)[..., None]  # (B, Hkv, Nk, 1)
+    per_head = (hq // hkv) * torch.finfo(dtype).tiny if hq != hkv else 0.0
+    rows = n_rows * TINY_ACC + per_head
+    return {"out": n_keys * TINY_ACC, "dq": n_keys * TINY_ACC, "dk": rows, "dv": rows}
+
+
 def tolerance(
     name: str, floor: torch.Tensor, baseline_err: float | None, apriori: torch.Tensor,
     flush_err: torch.Tensor | None = None,

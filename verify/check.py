@@ -61,6 +61,7 @@ from verify.bounds import (
     TENSORS,
     effective_samples,
     error_model,
+    ftz_allowance,
     rms_tolerance,
     tolerance,
 )
@@ -577,6 +578,10 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
             if n in base_err_t:
                 n_eff[n] = effective_samples(base_err_t[n], model[n].n_sources)
 
+        flush = None if strict_subnormals else ftz_allowance(
+            allowed, bias, (inp.query.shape[0], inp.query.shape[1], inp.query.shape[2],
+                            inp.key.shape[2]), inp.key.shape[1], inp.query.dtype)
+
         def tolerances(errs: dict, ftz: dict) -> tuple[dict, dict]:
             tols, rms_tols = {}, {}
             for n in ref:
@@ -584,6 +589,8 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
                 floor, floor_acc, share = floors[n]
                 tols[n] = tolerance(n, floor, None if base is None else base[0], apr[n],
                                     ftz[n][0] if n in ftz else None)
+                if flush is not None and n in flush:
+                    tols[n] = torch.maximum(tols[n], flush[n].to(tols[n].device))
                 rms_tols[n] = rms_tolerance(n, floor_acc, None if base is None else base[1],
                                             apr[n], n_eff.get(n, math.inf), share)
             return tols, rms_tols
