@@ -381,3 +381,30 @@ def test_run_budget_reports_unchecked_cases_as_not_run(small_sweep, tmp_path, kf
     assert rep["summary"]["cases"] == 3
     assert rep["summary"]["not_run"] >= 1
     assert "time budget of 15 s exhausted" in (out / "report.md").read_text()
+
+
+FLUSHING_KERNEL = textwrap.dedent('''
+    import torch
+    from reference import attention_fp64
+
+    def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                  enable_gqa=False):
+        o = attention_fp64(q.double(), k.double(), v.double(), is_causal=is_causal,
+                           scale=scale).to(q.dtype)
+        return torch.where(o.abs() < 2.0**-14, torch.zeros_like(o), o)  # fp16 FTZ store
+''')
+
+
+def test_strict_subnormals_turns_a_flushed_result_into_a_failure(tmp_path, capsys):
+    """Flushing is accepted by default (an observation); --strict-subnormals fails it, in
+    the worker that judges the case."""
+    kern = tmp_path / "flushk.py"
+    kern.write_text(FLUSHING_KERNEL)
+    case = tmp_path / "tiny.json"
+    save_case_file(case, Case(B=1, Hq=1, Hkv=1, Nq=8, Nk=8, D=8, dtype="float16",
+                              dist={"kind": "normal", "sigma": 2e-6}, backward=False, seed=4))
+    base = ["repro", str(case), "--kernel", f"{kern}:attention", "--device", "cpu"]
+    assert cli.main(base) == 0
+    capsys.readouterr()
+    assert cli.main([*base, "--strict-subnormals"]) == 1
+    assert "subnormals_flushed" in capsys.readouterr().out

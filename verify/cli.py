@@ -127,7 +127,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     records = run_cases(None, sweep, device, kernel_spec=args.kernel,
                         failures_dir=out / "failures", what=f"run[{profile}]",
                         quiet=args.quiet, budget_s=args.budget_s, jobs=args.jobs,
-                        case_timeout=args.case_timeout)
+                        case_timeout=args.case_timeout,
+                        strict_subnormals=args.strict_subnormals)
     header = R.make_header(kernel=args.kernel, device=device, command=args.argv,
                            profile=profile)
     rep = R.build_report(records, header=header)
@@ -149,7 +150,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     campaign = Campaign(None, kernel_spec=args.kernel, device=device, out=Path(args.out),
                         examples=args.examples, minutes=args.minutes, seed=args.seed,
                         keep_going=args.keep_going, dtypes=args.dtypes, max_n=args.max_n,
-                        quiet=args.quiet, case_timeout=args.case_timeout)
+                        quiet=args.quiet, case_timeout=args.case_timeout,
+                        strict_subnormals=args.strict_subnormals)
     return campaign.run()
 
 
@@ -165,7 +167,8 @@ def cmd_repro(args: argparse.Namespace) -> int:
     device = settle_device(args.device or target.device_hint)
     spec = args.kernel or target.kernel_spec or DEFAULT_KERNEL
     return replay(None, target, device=device, kernel_spec=spec,
-                  case_timeout=args.case_timeout, repeat=args.repeat)
+                  case_timeout=args.case_timeout, repeat=args.repeat,
+                  strict_subnormals=args.strict_subnormals)
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
@@ -184,7 +187,8 @@ def cmd_gate(args: argparse.Namespace) -> int:
     return gate.run_gate(None, kernel_spec=args.kernel, device=device, profile=profile,
                          budgets_path=budgets, corpus=corpus, update=args.update,
                          out=Path(args.out), quiet=args.quiet, command=args.argv,
-                         jobs=args.jobs, case_timeout=args.case_timeout, model=model)
+                         jobs=args.jobs, case_timeout=args.case_timeout, model=model,
+                         strict_subnormals=args.strict_subnormals)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -242,6 +246,11 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--quiet", "-q", action="store_true", help="no progress output")
 
     def case_timeout(sp: argparse.ArgumentParser) -> None:
+        # Every command that judges cases takes --case-timeout, and --strict-subnormals too.
+        sp.add_argument("--strict-subnormals", action="store_true",
+                        help="a subnormal result flushed to 0 fails (subnormals_flushed), and "
+                             "flush-to-zero is no longer a correct implementation choice "
+                             "(default: accepted, reported as an observation)")
         sp.add_argument("--case-timeout", type=_positive_float, default=None, metavar="S",
                         help="seconds one case may take before its worker is killed and the "
                              "case recorded as a 'timeout' failure (default: 60 s + 20x the "

@@ -166,6 +166,7 @@ class Campaign:
     max_n: int | None = None
     quiet: bool = False
     case_timeout: float | None = None
+    strict_subnormals: bool = False
     found: list[Path] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -190,7 +191,8 @@ class Campaign:
             self.max_n = DEFAULT_MAX_N[dev]
         self.out = Path(self.out)
         self.sup = Supervisor(self.kernel_spec, self.device, case_timeout=self.case_timeout,
-                              failures_dir=self.out / "failures")
+                              failures_dir=self.out / "failures",
+                              strict_subnormals=self.strict_subnormals)
         self.probe_crash: str | None = None
         try:
             try:

@@ -239,7 +239,7 @@ def diff_text(old: str, new: str, name: str) -> str:
 def run_gate(kernel: Any, *, kernel_spec: str, device: str, profile: str, budgets_path: Path,
              corpus: Path, update: bool, out: Path, quiet: bool = False,
              command: list[str] | None = None, jobs: int = 1, model: str = "cpu",
-             case_timeout: float | None = None) -> int:
+             case_timeout: float | None = None, strict_subnormals: bool = False) -> int:
     from verify import strategies
     from verify.sweep import run_cases
 
@@ -252,7 +252,8 @@ def run_gate(kernel: Any, *, kernel_spec: str, device: str, profile: str, budget
     cases = sweep + regressions
     records = run_cases(kernel, cases, device, kernel_spec=kernel_spec,
                         failures_dir=out / "failures", what=f"gate[{profile}]", quiet=quiet,
-                        jobs=jobs, case_timeout=case_timeout)
+                        jobs=jobs, case_timeout=case_timeout,
+                        strict_subnormals=strict_subnormals)
     for rec, path, case in zip(records[len(sweep):], files, regressions, strict=True):
         rec["config"] = regression_key(path, case.dtype)
     header = R.make_header(kernel=kernel_spec, device=device, command=command, profile=profile,

@@ -71,7 +71,8 @@ def load_target(*, case_path: str | None, tensors_path: str | None, is_causal: b
 
 
 def replay(kernel: Any, target: Target, *, device: str, kernel_spec: str,
-           case_timeout: float | None = None, repeat: int | None = None) -> int:
+           case_timeout: float | None = None, repeat: int | None = None,
+           strict_subnormals: bool = False) -> int:
     """Check the case in a supervised worker process (verify/supervise.py; ``kernel`` is not
     used, the worker resolves ``kernel_spec``), ``repeat`` times in that worker (default 1,
     or FLAKY_REPEATS for a case file recorded as ``flaky``); print the per-tensor table of the
@@ -86,7 +87,8 @@ def replay(kernel: Any, target: Target, *, device: str, kernel_spec: str,
     if not (isinstance(repeat, int) and repeat >= 1):
         raise ValueError(f"--repeat must be an integer >= 1, got {repeat!r}")
     verdicts = []
-    with Supervisor(kernel_spec, device, case_timeout=case_timeout) as sup:
+    with Supervisor(kernel_spec, device, case_timeout=case_timeout,
+                    strict_subnormals=strict_subnormals) as sup:
         sup.start()
         for _ in range(repeat):
             verdicts.append(sup.check(target.case, confirm=False))

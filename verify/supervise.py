@@ -203,7 +203,7 @@ def _is_cuda_error(text: str) -> bool:
 
 
 def _worker_main(conn, spec: str, device: str, threads: int | None, dump_path: str,
-                 parent_pid: int) -> None:
+                 parent_pid: int, strict_subnormals: bool = False) -> None:
     import concurrent.futures as cf
     import faulthandler
     import threading
@@ -260,7 +260,8 @@ def _worker_main(conn, spec: str, device: str, threads: int | None, dump_path: s
             # type(), not isinstance: a TensorCase passes attribute reads through to its Case
             if hint is not None and type(hint) is Case:
                 pending = (hint, drawing.submit(hint.draw))
-            verdict = check_case(kernel, case, device, drawn=drawn)
+            verdict = check_case(kernel, case, device, drawn=drawn,
+                                 strict_subnormals=strict_subnormals)
             poisoned = False
             if verdict.failure == "raised" and _is_cuda_error(verdict.reason):
                 verdict.failure, poisoned = "cuda_error", True
@@ -353,7 +354,8 @@ class Supervisor:
     """
 
     def __init__(self, kernel_spec: str, device: str, *, case_timeout: float | None = None,
-                 failures_dir: str | Path | None = None, threads: int | None = None) -> None:
+                 failures_dir: str | Path | None = None, threads: int | None = None,
+                 strict_subnormals: bool = False) -> None:
         if case_timeout is not None and not case_timeout > 0:
             raise ValueError(f"--case-timeout must be a number > 0, got {case_timeout}")
         self.spec = kernel_spec
@@ -363,6 +365,7 @@ class Supervisor:
         self.inflight_dir = None if failures_dir is None else Path(failures_dir).parent / \
             "inflight"
         self.threads = threads
+        self.strict_subnormals = strict_subnormals  # check_case's, in every worker
         self._tmp = tempfile.mkdtemp(prefix="flashcheck-workers-")
         self._n = 0
         self._slots: list[_Worker | None] = []
@@ -381,7 +384,7 @@ class Supervisor:
         dump = os.path.join(self._tmp, f"worker-{self._n}.log")
         proc = ctx.Process(target=_worker_main, name=f"flashcheck-worker-{self._n}",
                            args=(child, self.spec, self.device, self.threads, dump,
-                                 os.getpid()))
+                                 os.getpid(), self.strict_subnormals))
         proc.start()
         child.close()
         self.started += 1

@@ -87,7 +87,8 @@ def write_failure(out_dir: str | Path, case: Any, verdict: Any, *, kernel_spec: 
 def run_cases(kernel: Any, cases: Iterable[Any], device: str, *, kernel_spec: str,
               failures_dir: str | Path | None, what: str = "cases",
               quiet: bool = False, budget_s: float | None = None,
-              jobs: int = 1, case_timeout: float | None = None) -> list[dict[str, Any]]:
+              jobs: int = 1, case_timeout: float | None = None,
+              strict_subnormals: bool = False) -> list[dict[str, Any]]:
     """Check every case; returns the report records, in the order of ``cases``. Failures are
     written when a dir is given.
 
@@ -136,7 +137,8 @@ def run_cases(kernel: Any, cases: Iterable[Any], device: str, *, kernel_spec: st
     try:
         with Progress(what, len(cases), quiet=quiet) as bar, \
                 Supervisor(kernel_spec, device, case_timeout=case_timeout,
-                           failures_dir=failures_dir, threads=threads) as sup:
+                           failures_dir=failures_dir, threads=threads,
+                           strict_subnormals=strict_subnormals) as sup:
             if cases:
                 sup.start()
             try:
