@@ -578,19 +578,31 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
             if n in base_err_t:
                 n_eff[n] = effective_samples(base_err_t[n], model[n].n_sources)
 
+        flushed: dict[str, torch.Tensor] = {}
         flush = None if strict_subnormals else ftz_allowance(
             allowed, bias, (inp.query.shape[0], inp.query.shape[1], inp.query.shape[2],
                             inp.key.shape[2]), inp.key.shape[1], inp.query.dtype)
 
         def tolerances(errs: dict, ftz: dict) -> tuple[dict, dict]:
+            """Tolerances, RMSE tolerances, and in ``flushed`` the elements in the
+            flush-to-zero regime (changed by the ftz member, or where the flush allowance
+            exceeds K x the members' error): judged elementwise, left out of the RMSE."""
             tols, rms_tols = {}, {}
+            flushed.clear()
             for n in ref:
                 base = errs.get(n)
                 floor, floor_acc, share = floors[n]
                 tols[n] = tolerance(n, floor, None if base is None else base[0], apr[n],
                                     ftz[n][0] if n in ftz else None)
+                mask = ftz[n][1] if n in ftz else None
                 if flush is not None and n in flush:
-                    tols[n] = torch.maximum(tols[n], flush[n].to(tols[n].device))
+                    allow = flush[n].to(tols[n].device)
+                    tols[n] = torch.maximum(tols[n], allow)
+                    if base is not None and n in K_RULE:
+                        beyond = (allow > K_RULE[n] * base[0]).expand(tols[n].shape)
+                        mask = beyond if mask is None else mask | beyond
+                if mask is not None:
+                    flushed[n] = mask
                 rms_tols[n] = rms_tolerance(n, floor_acc, None if base is None else base[1],
                                             apr[n], n_eff.get(n, math.inf), share)
             return tols, rms_tols
@@ -675,7 +687,7 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
                 verdict.tensors[n] = _report(
                     n, got[n], ref[n], tols[n], apr[n], base_errs.get(n), rms_tols[n],
                     got[n].dtype if n == "lse" else out_dtype, n_eff.get(n, math.nan),
-                    members.get(n, ("", "")), ftz[n][1] if n in ftz else None)
+                    members.get(n, ("", "")), flushed.get(n))
 
     judge()
     if baseline and family == "lazy" and any(
