@@ -432,9 +432,17 @@ class Campaign:
     def _record(self, state: dict, *, flaky: bool = False, stopped: bool = False) -> None:
         """Write the failure being shrunk (``state["best"]``): confirmed, or as flaky."""
         from verify.supervise import CRASH_CLASSES
+        from verify.sweep import _remove_failure_files, write_failure
 
         case, verdict = state["best"]
         first_case, first = state["first"]
+        provisional = None
+        if flaky or (verdict.failure not in CRASH_CLASSES and not stopped):
+            # On disk before the re-runs below (a kill or a harness error during them must
+            # not lose it); replaced by the final record.
+            provisional = write_failure(self.out / "failures", case, verdict,
+                                        kernel_spec=self.kernel_spec, device=self.device)
+        n_found = len(self.found)
         if flaky:
             replay = state["last"][1] if state["last"] and state["last"][0] == case \
                 else self.sup.check(case)
@@ -452,6 +460,8 @@ class Campaign:
                 self._record_flaky(case, verdict, other, unshrunk=state["first"])
             else:
                 self._write(case, verdict)
+        if provisional is not None and provisional not in self.found[n_found:]:
+            _remove_failure_files(provisional)
         self.known.add(signature(first_case, first))
         self._drop_superseded(case, verdict)
 
