@@ -246,7 +246,8 @@ class Campaign:
             verdict = self.sup.check(case, fresh=fresh)
             self._observe(case, verdict)
             state["last"] = (case, verdict)
-            state["outcomes"].setdefault(case, []).append(_brief(verdict))
+            if failing or verdict.status == "fail":  # (passes before a failure: not kept)
+                state["outcomes"].setdefault(case, []).append(_brief(verdict))
             if failing and verdict.failure == "timeout":
                 state["timeouts"] += 1
             bar.advance(case.short()[:60])
