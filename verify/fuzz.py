@@ -523,6 +523,9 @@ class Campaign:
 
         left = sorted((self.out / "inflight").glob("inflight-*.json"))
         for p in left:
+            if self._past_deadline():
+                print(f"note: {p.name} not re-checked: the time budget is spent")
+                continue
             try:
                 case, _ = load_case_file(p)
             except (OSError, ValueError):
