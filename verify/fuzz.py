@@ -75,14 +75,18 @@ MAX_FRESH_SHRINK = 64
 # timeout) leave room for larger cases, and --minutes cuts it shorter, keeping the smallest
 # case so far.
 MAX_TIMEOUT_SHRINK = 24
-# Re-checks of a shrunk (non-crash) failure before it is written: Hypothesis's final replay is
-# one; two more in the same worker catch a kernel wrong at random with probability
-# 1 - p^2 (p: its chance of passing) before it is recorded as deterministic.
-CONFIRM_RUNS = 2
-# Fresh workers used to classify a flaky failure, each running the case twice: three agree
-# on "first run fails, second passes" for a first-use bug, while a 50/50 random bug fakes
-# that pattern with probability (1/4)^3 < 2%.
-FLAKY_RERUNS = 3
+# Re-checks of a shrunk (non-crash) failure before it is written: with Hypothesis's final
+# replay, four runs must give the same failure class. A kernel wrong at random, whose case
+# gives that class with probability q per check, passes for deterministic with q^4: under
+# 1% for q <= 0.3 (tests/misbehaving_kernels.py's random_wrong) and 6% at q = 1/2. Each
+# costs one case, paid once per recorded failure.
+CONFIRM_RUNS = 3
+# Fresh workers used to classify a flaky failure, each running the case twice: a first-use
+# bug gives "first run fails, second passes" in every one, while a bug that fails a check at
+# random with probability p fakes that pattern with (p(1-p))^5 <= (1/4)^5 < 0.1%. A fresh
+# worker costs a fork and the kernel's import (plus a CUDA context on a GPU), once per
+# recorded flaky failure.
+FLAKY_RERUNS = 5
 
 
 class _StopCampaign(BaseException):
