@@ -38,9 +38,10 @@ re-checks it first.
 
 Processes come from the ``forkserver`` start method: a server process, started clean (exec,
 as with ``spawn``), imports torch, Triton and the harness once; never the kernel, and never
-CUDA, so no CUDA context is ever forked. A worker is then a fork of that server (tens of ms
-instead of a torch import of seconds), which is what makes "every shrink candidate of a crash
-in a fresh worker" affordable. ``spawn`` is used where forkserver does not exist.
+CUDA, so no CUDA context is ever forked. A worker is then a fork of that server (measured on
+the CPU: 12 ms from start to ready for sdpa-math, against 1.8 s for a new interpreter that
+imports torch and the harness), which is what makes "every shrink candidate of a crash in a
+fresh worker" affordable. ``spawn`` is used where forkserver does not exist.
 
 Caveat: a worker that hangs inside a C call holding no Python frame of the kernel dumps only
 the harness's frames; its root cause then has the frame ``?``.
