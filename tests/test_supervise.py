@@ -178,6 +178,38 @@ def test_cuda_error_replaces_the_worker_and_is_confirmed(tmp_path):
     assert "reproduced in a fresh worker" in recs[1]["reason"]
 
 
+def test_sweep_hang_times_out_alone_in_parallel(tmp_path):
+    """--jobs 2: the hanging case becomes a timeout within its limit, the others pass."""
+    cases = [Case(B=1, Hq=1, Hkv=1, Nq=n, Nk=6, D=8, dtype="float32", seed=5)
+             for n in (4, 12, 5, 6)]
+    t0 = time.monotonic()
+    recs = run_cases(None, cases, "cpu", kernel_spec=_spec("hang_large"),
+                     failures_dir=tmp_path / "f", quiet=True, jobs=2, case_timeout=1.0)
+    assert time.monotonic() - t0 < 15
+    assert [r["failure"] for r in recs] == [None, "timeout", None, None]
+    assert "case timeout of 1 s" in recs[1]["reason"]
+    assert "hang_large" in recs[1]["observations"]["exception"]["frame"]
+    (f,) = (tmp_path / "f").glob("timeout-*.json")
+    assert recs[1]["case_file"] == str(f)
+
+
+def test_gate_and_run_record_a_crash_and_exit_1(tmp_path, monkeypatch, capsys):
+    import verify.strategies
+
+    sweep = [Case(B=1, Hq=1, Hkv=1, Nq=n, Nk=6, D=8, dtype="float32", seed=5) for n in (4, 12)]
+    monkeypatch.setattr(verify.strategies, "fixed_sweep", lambda profile: list(sweep))
+    spec = _spec("segv_large")
+    assert cli.main(["run", "--kernel", spec, "--device", "cpu", "--out", str(tmp_path / "r"),
+                     "--quiet"]) == 1
+    rep = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert rep["summary"]["cases"] == 2 and rep["summary"]["fail"] == 1
+    assert "crashed" in (tmp_path / "r" / "report.md").read_text()
+    assert cli.main(["gate", "--kernel", spec, "--device", "cpu", "--budgets",
+                     str(tmp_path / "b.json"), "--corpus", str(tmp_path), "--update",
+                     "--out", str(tmp_path / "g"), "--quiet"]) == 1
+    assert list((tmp_path / "g" / "failures").glob("crashed-*.json"))
+
+
 def test_root_cause_ignores_numbers_and_addresses():
     a = normalise_message("at 41:12: operands of shape (9, 8) and (8, 9): K = 8 at 0x7f3a1c")
     b = normalise_message("at 41:12: operands of shape (5, 4) and (4, 5): K = 4 at 0x55aa00")
