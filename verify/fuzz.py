@@ -90,8 +90,13 @@ FLAKY_RERUNS = 5
 
 
 class _StopCampaign(BaseException):
-    """The budget is spent (or a shrink hit its cap). A BaseException, so Hypothesis does not
-    take it for a failure of the property and shrink it; it propagates out of the run."""
+    """The time budget is spent. A BaseException, so Hypothesis does not take it for a failure
+    of the property and shrink it; it propagates out of the run."""
+
+
+class _StopShrink(BaseException):
+    """A crash-class shrink hit its cap (MAX_FRESH_SHRINK / MAX_TIMEOUT_SHRINK): the smallest
+    case so far is recorded and, with keep_going, the campaign goes on."""
 
 
 class _Found(AssertionError):
@@ -243,7 +248,7 @@ class Campaign:
             if fresh:
                 if (state["fresh_runs"] >= MAX_FRESH_SHRINK
                         or state["timeouts"] >= MAX_TIMEOUT_SHRINK):
-                    raise _StopCampaign
+                    raise _StopShrink
                 state["fresh_runs"] += 1
             self.calls += 1
             note(case.short())
@@ -456,8 +461,9 @@ class Campaign:
             self._record_flaky(case, verdict, replay, unshrunk=state["first"],
                                changed=changed)
         elif verdict.failure in CRASH_CLASSES or stopped:
-            note = "" if not stopped else "shrinking stopped (budget or shrink cap); " \
-                                          "recording the smallest failing case so far"
+            note = "" if not stopped else "shrinking stopped (time budget, shrink cap or " \
+                                          "interrupt); recording the smallest failing case " \
+                                          "so far"
             self._write(case, verdict, note=note)
         else:
             other = self._confirm(case, verdict)
@@ -606,6 +612,12 @@ class Campaign:
                             bar.close()
                             self._record(state, stopped=True)
                         break
+                    except _StopShrink:
+                        bar.close()
+                        self._record(state, stopped=True)
+                        self._record_strays()
+                        if not self.keep_going:
+                            break
                     except _Found:
                         bar.close()
                         self._record(state)
