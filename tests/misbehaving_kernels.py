@@ -11,7 +11,7 @@ them.
 - :func:`hang_large`: blocks forever (a deadlock).
 - :func:`first_use_wrong`: 1% off the first time a (shape, dtype) is seen in a process, right
   afterwards (a stale cache, an uninitialised buffer reused).
-- :func:`random_wrong`: 1% off on half of its calls, at random (a race).
+- :func:`random_wrong`: 1% off on 30% of its calls, at random (a race).
 - :func:`random_order`: sums the keys in a random order on every call: right to rounding,
   but not bitwise repeatable.
 - :func:`compile_error_small_d`: raises a compiler-style error for every head dim below 16
@@ -89,12 +89,17 @@ def first_use_wrong(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
 
 
 _RNG = random.Random(int.from_bytes(os.urandom(8), "little"))
+# random_wrong's chance of a wrong call. A check calls the forward twice, so a case fails
+# (numerical or nondeterministic) with probability 1 - 0.7^2 = 0.51 and passes with 0.49:
+# a campaign finds it at once, and the chance that a shrunk case and its re-checks all give
+# the same failure class, so that it is not recognised as flaky, is at most 0.3^4 < 1%.
+_P_WRONG = 0.3
 
 
 def random_wrong(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                  scale=None, enable_gqa=False):
     out = _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    return out * 1.01 if _RNG.random() < 0.5 else out
+    return out * 1.01 if _RNG.random() < _P_WRONG else out
 
 
 def random_order(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,

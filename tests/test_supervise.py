@@ -64,7 +64,9 @@ def _repro(case_file: Path, name: str, *extra: str) -> subprocess.CompletedProce
 CAMPAIGNS = [
     ("segv_large", "crashed", ["--minutes", "0.5"], "crashed"),
     ("abort_large", "crashed", ["--minutes", "0.5"], "crashed"),
-    ("hang_large", "timeout", ["--minutes", "0.2", "--case-timeout", "1"], "timeout"),
+    # 2 s: far above a healthy case here (~0.03 s, ~0.4 s as a fresh worker's first), so a
+    # loaded CI machine does not turn a passing shrink candidate into a false timeout
+    ("hang_large", "timeout", ["--minutes", "0.2", "--case-timeout", "2"], "timeout"),
     ("cuda_error_large", "cuda_error", ["--minutes", "0.5"], "cuda_error"),
     ("first_use_wrong", "flaky", ["--minutes", "0.5"], None),
     ("random_wrong", "flaky", ["--minutes", "0.5"], None),
@@ -90,7 +92,7 @@ def test_campaign_keeps_the_failure_and_its_replay_fails_the_same_way(name, cls,
     assert meta["verdict"]["failure"] == cls
     if cls in ("crashed", "timeout", "cuda_error"):
         # shrunk, every candidate in a fresh worker (a hang's shrink may be cut by the budget)
-        assert case.Nq == 9 if cls != "timeout" else 8 < case.Nq < 16
+        assert case.Nq == 9 if cls != "timeout" else 8 < case.Nq <= 16
         assert meta["verdict"]["observations"]["exception"]["frame"].startswith(
             "misbehaving_kernels.py:")
     r = _repro(files[0], name, *(["--case-timeout", "1"] if cls == "timeout" else []))
@@ -178,6 +180,38 @@ def test_cuda_error_replaces_the_worker_and_is_confirmed(tmp_path):
     assert "reproduced in a fresh worker" in recs[1]["reason"]
 
 
+def test_sweep_hang_times_out_alone_in_parallel(tmp_path):
+    """--jobs 2: the hanging case becomes a timeout within its limit, the others pass."""
+    cases = [Case(B=1, Hq=1, Hkv=1, Nq=n, Nk=6, D=8, dtype="float32", seed=5)
+             for n in (4, 12, 5, 6)]
+    t0 = time.monotonic()
+    recs = run_cases(None, cases, "cpu", kernel_spec=_spec("hang_large"),
+                     failures_dir=tmp_path / "f", quiet=True, jobs=2, case_timeout=2.0)
+    assert time.monotonic() - t0 < 15
+    assert [r["failure"] for r in recs] == [None, "timeout", None, None]
+    assert "case timeout of 2 s" in recs[1]["reason"]
+    assert "hang_large" in recs[1]["observations"]["exception"]["frame"]
+    (f,) = (tmp_path / "f").glob("timeout-*.json")
+    assert recs[1]["case_file"] == str(f)
+
+
+def test_gate_and_run_record_a_crash_and_exit_1(tmp_path, monkeypatch, capsys):
+    import verify.strategies
+
+    sweep = [Case(B=1, Hq=1, Hkv=1, Nq=n, Nk=6, D=8, dtype="float32", seed=5) for n in (4, 12)]
+    monkeypatch.setattr(verify.strategies, "fixed_sweep", lambda profile: list(sweep))
+    spec = _spec("segv_large")
+    assert cli.main(["run", "--kernel", spec, "--device", "cpu", "--out", str(tmp_path / "r"),
+                     "--quiet"]) == 1
+    rep = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert rep["summary"]["cases"] == 2 and rep["summary"]["fail"] == 1
+    assert "crashed" in (tmp_path / "r" / "report.md").read_text()
+    assert cli.main(["gate", "--kernel", spec, "--device", "cpu", "--budgets",
+                     str(tmp_path / "b.json"), "--corpus", str(tmp_path), "--update",
+                     "--out", str(tmp_path / "g"), "--quiet"]) == 1
+    assert list((tmp_path / "g" / "failures").glob("crashed-*.json"))
+
+
 def test_root_cause_ignores_numbers_and_addresses():
     a = normalise_message("at 41:12: operands of shape (9, 8) and (8, 9): K = 8 at 0x7f3a1c")
     b = normalise_message("at 41:12: operands of shape (5, 4) and (4, 5): K = 4 at 0x55aa00")
@@ -198,6 +232,18 @@ def test_default_timeout_follows_the_median_and_leaves_first_cases_out():
     finally:
         sup.close()
     assert Supervisor("sdpa-math", "cpu", case_timeout=3).timeout() == 3
+
+
+def _hanging_in_flight(out: Path) -> bool:
+    """An in-flight case that hang_large hangs on (more than 8 query rows)."""
+    for p in (out / "inflight").glob("inflight-*.json"):
+        try:
+            case, _ = load_case_file(p)
+        except (OSError, ValueError):  # being written or removed right now
+            continue
+        if case.Nq > 8:
+            return True
+    return False
 
 
 def _descendants(pid: int) -> list[int]:
@@ -236,9 +282,9 @@ def test_killed_parent_leaves_an_in_flight_case_that_the_next_campaign_records(t
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         end = time.monotonic() + 60
-        while time.monotonic() < end and not list((out / "inflight").glob("*.json")):
+        while time.monotonic() < end and not _hanging_in_flight(out):
             time.sleep(0.2)
-        time.sleep(1.0)  # let it be stuck in the hanging case
+        time.sleep(0.5)  # stuck in the hanging case (its timeout is 600 s)
         family = _descendants(proc.pid)
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
@@ -264,7 +310,7 @@ def test_sigterm_keeps_what_was_found(tmp_path):
     out = tmp_path / "fz"
     proc = subprocess.Popen([sys.executable, "-m", "verify", "fuzz", "--kernel",
                              _spec("hang_large"), "--device", "cpu", "--seed", "7",
-                             "--max-n", "16", "--dtypes", "float32", "--case-timeout", "1",
+                             "--max-n", "16", "--dtypes", "float32", "--case-timeout", "2",
                              "--examples", "100000", "--keep-going", "--out", str(out),
                              "--quiet"], env=ENV, cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)

@@ -75,19 +75,28 @@ MAX_FRESH_SHRINK = 64
 # timeout) leave room for larger cases, and --minutes cuts it shorter, keeping the smallest
 # case so far.
 MAX_TIMEOUT_SHRINK = 24
-# Re-checks of a shrunk (non-crash) failure before it is written: Hypothesis's final replay is
-# one; two more in the same worker catch a kernel wrong at random with probability
-# 1 - p^2 (p: its chance of passing) before it is recorded as deterministic.
-CONFIRM_RUNS = 2
-# Fresh workers used to classify a flaky failure, each running the case twice: three agree
-# on "first run fails, second passes" for a first-use bug, while a 50/50 random bug fakes
-# that pattern with probability (1/4)^3 < 2%.
-FLAKY_RERUNS = 3
+# Re-checks of a shrunk (non-crash) failure before it is written: with Hypothesis's final
+# replay, four runs must give the same failure class. A kernel wrong at random, whose case
+# gives that class with probability q per check, passes for deterministic with q^4: under
+# 1% for q <= 0.3 (tests/misbehaving_kernels.py's random_wrong) and 6% at q = 1/2. Each
+# costs one case, paid once per recorded failure.
+CONFIRM_RUNS = 3
+# Fresh workers used to classify a flaky failure, each running the case twice: a first-use
+# bug gives "first run fails, second passes" in every one, while a bug that fails a check at
+# random with probability p fakes that pattern with (p(1-p))^5 <= (1/4)^5 < 0.1%. A fresh
+# worker costs a fork and the kernel's import (plus a CUDA context on a GPU), once per
+# recorded flaky failure.
+FLAKY_RERUNS = 5
 
 
 class _StopCampaign(BaseException):
-    """The budget is spent (or a shrink hit its cap). A BaseException, so Hypothesis does not
-    take it for a failure of the property and shrink it; it propagates out of the run."""
+    """The time budget is spent. A BaseException, so Hypothesis does not take it for a failure
+    of the property and shrink it; it propagates out of the run."""
+
+
+class _StopShrink(BaseException):
+    """A crash-class shrink hit its cap (MAX_FRESH_SHRINK / MAX_TIMEOUT_SHRINK): the smallest
+    case so far is recorded and, with keep_going, the campaign goes on."""
 
 
 class _Found(AssertionError):
@@ -241,14 +250,15 @@ class Campaign:
             if fresh:
                 if (state["fresh_runs"] >= MAX_FRESH_SHRINK
                         or state["timeouts"] >= MAX_TIMEOUT_SHRINK):
-                    raise _StopCampaign
+                    raise _StopShrink
                 state["fresh_runs"] += 1
             self.calls += 1
             note(case.short())
             verdict = self.sup.check(case, fresh=fresh)
             self._observe(case, verdict)
             state["last"] = (case, verdict)
-            state["outcomes"].setdefault(case, []).append(_brief(verdict))
+            if failing or verdict.status == "fail":  # (passes before a failure: not kept)
+                state["outcomes"].setdefault(case, []).append(_brief(verdict))
             if failing and verdict.failure == "timeout":
                 state["timeouts"] += 1
             bar.advance(case.short()[:60])
@@ -434,9 +444,17 @@ class Campaign:
     def _record(self, state: dict, *, flaky: bool = False, stopped: bool = False) -> None:
         """Write the failure being shrunk (``state["best"]``): confirmed, or as flaky."""
         from verify.supervise import CRASH_CLASSES
+        from verify.sweep import _remove_failure_files, write_failure
 
         case, verdict = state["best"]
         first_case, first = state["first"]
+        provisional = None
+        if flaky or (verdict.failure not in CRASH_CLASSES and not stopped):
+            # On disk before the re-runs below (a kill or a harness error during them must
+            # not lose it); replaced by the final record.
+            provisional = write_failure(self.out / "failures", case, verdict,
+                                        kernel_spec=self.kernel_spec, device=self.device)
+        n_found = len(self.found)
         if flaky:
             replay = state["last"][1] if state["last"] and state["last"][0] == case \
                 else self.sup.check(case)
@@ -445,8 +463,9 @@ class Campaign:
             self._record_flaky(case, verdict, replay, unshrunk=state["first"],
                                changed=changed)
         elif verdict.failure in CRASH_CLASSES or stopped:
-            note = "" if not stopped else "shrinking stopped (budget or shrink cap); " \
-                                          "recording the smallest failing case so far"
+            note = "" if not stopped else "shrinking stopped (time budget, shrink cap or " \
+                                          "interrupt); recording the smallest failing case " \
+                                          "so far"
             self._write(case, verdict, note=note)
         else:
             other = self._confirm(case, verdict)
@@ -454,6 +473,8 @@ class Campaign:
                 self._record_flaky(case, verdict, other, unshrunk=state["first"])
             else:
                 self._write(case, verdict)
+        if provisional is not None and provisional not in self.found[n_found:]:
+            _remove_failure_files(provisional)
         self.known.add(signature(first_case, first))
         self._drop_superseded(case, verdict)
 
@@ -514,6 +535,9 @@ class Campaign:
 
         left = sorted((self.out / "inflight").glob("inflight-*.json"))
         for p in left:
+            if self._past_deadline():
+                print(f"note: {p.name} not re-checked: the time budget is spent")
+                continue
             try:
                 case, _ = load_case_file(p)
             except (OSError, ValueError):
@@ -590,6 +614,12 @@ class Campaign:
                             bar.close()
                             self._record(state, stopped=True)
                         break
+                    except _StopShrink:
+                        bar.close()
+                        self._record(state, stopped=True)
+                        self._record_strays()
+                        if not self.keep_going:
+                            break
                     except _Found:
                         bar.close()
                         self._record(state)

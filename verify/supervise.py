@@ -38,9 +38,10 @@ re-checks it first.
 
 Processes come from the ``forkserver`` start method: a server process, started clean (exec,
 as with ``spawn``), imports torch, Triton and the harness once; never the kernel, and never
-CUDA, so no CUDA context is ever forked. A worker is then a fork of that server (tens of ms
-instead of a torch import of seconds), which is what makes "every shrink candidate of a crash
-in a fresh worker" affordable. ``spawn`` is used where forkserver does not exist.
+CUDA, so no CUDA context is ever forked. A worker is then a fork of that server (measured on
+the CPU: 12 ms from start to ready for sdpa-math, against 1.8 s for a new interpreter that
+imports torch and the harness), which is what makes "every shrink candidate of a crash in a
+fresh worker" affordable. ``spawn`` is used where forkserver does not exist.
 
 Caveat: a worker that hangs inside a C call holding no Python frame of the kernel dumps only
 the harness's frames; its root cause then has the frame ``?``.
@@ -72,11 +73,12 @@ CRASH_CLASSES = ("crashed", "timeout", "cuda_error")
 ROOT_CAUSE_CLASSES = ("raised", *CRASH_CLASSES)
 
 # Default case timeout = BASE_TIMEOUT_S + TIMEOUT_MEDIAN_FACTOR x the median case time. The
-# base is what any case may take on top of the typical one: a cold Triton compile of a new
-# kernel variant with its autotune configs on a GPU (seconds to tens of seconds; not measured
-# for our grid), or one slow case in the Triton interpreter (8.3 s, the slowest of the CPU
-# sweep below). A minute keeps those from reading as hangs and still catches a hang in about
-# a minute.
+# base is what any case may take on top of the typical one: on a GPU, a case that meets new
+# variants of our Triton kernel compiles up to four kernels (fwd, dkdv, dq, preprocess), and
+# the slowest sm_90 variants compile in under 11 s each (docs/kernel.md, "Compiled
+# variants", on a 2-core CPU), so under ~45 s; on the CPU, the slowest case of the sweep in
+# the Triton interpreter took 8.3 s (below). A minute keeps those from reading as hangs and
+# still catches a hang in about a minute.
 BASE_TIMEOUT_S = 60.0
 # Measured on the CPU sweep (fixed_sweep("cpu"), a worker's first case left out): sdpa-math
 # median 0.029 s, slowest 0.155 s (5.3x); our Triton kernel in the interpreter median 1.05 s,
