@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Campaigns that must never lose a failure, on a CUDA machine (one device call, < 10 min).
-# Logs land in $OUT/campaigns.tgz (or ./gpu_campaigns when OUT is unset), written as the work
+# Logs land in $OUT/campaigns-<CAMPAIGN_TAG>.tgz (or ./gpu_campaigns when OUT is unset), written as the work
 # goes, so a call cut short still returns them; summary.txt says PASS/FAIL per expectation.
 #
 #   bash scripts/gpu/fuzz_campaigns.sh            all phases
@@ -19,10 +19,14 @@ PHASES=" ${*:-illegal random healthy} "
 has() { [[ "$PHASES" == *" $1 "* ]]; }
 DEVICE=${DEVICE:-cuda}  # DEVICE=cpu: a dry run of the script's logic (random, healthy)
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TRITON_CACHE_DIR=$PWD/.tcache
-R=$PWD/gpu_campaigns; mkdir -p "$R" "$TRITON_CACHE_DIR"
+R=${CAMPAIGN_DIR:-$PWD/gpu_campaigns}; mkdir -p "$R" "$TRITON_CACHE_DIR"
+# Campaign lengths (minutes) and the faulty sweep's budget (s); shorter ones fit the phases
+# side by side into one device call.
+MIN_ILLEGAL=${MIN_ILLEGAL:-2.5}; MIN_RANDOM=${MIN_RANDOM:-1.5}; RUN_S=${RUN_S:-180}
+TAG=${CAMPAIGN_TAG:-all}
 T0=$(date +%s)
 el() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-pack() { [ -n "${OUT:-}" ] && tar czf "$OUT/campaigns.tgz" -C "$R" . 2>/dev/null; true; }
+pack() { [ -n "${OUT:-}" ] && tar czf "$OUT/campaigns-$TAG.tgz" -C "$R" . 2>/dev/null; true; }
 trap pack EXIT
 SUMMARY=$R/summary.txt; : > "$SUMMARY"
 expect() {  # expect NAME WANT_RC GOT_RC [GREP_PATTERN FILE]
@@ -52,21 +56,21 @@ replay() {  # replay NAME KERNEL CLASS: the campaign's failure file in a fresh p
 
 if has illegal; then
   K=tests/misbehaving_triton.py
-  rc=$(fuzz illegal 200 --kernel $K:illegal_address_large --minutes 2.5 --max-n 256 --seed 1)
+  rc=$(fuzz illegal 200 --kernel $K:illegal_address_large --minutes "$MIN_ILLEGAL" --max-n 256 --seed 1)
   expect "illegal: campaign ends in budget with a cuda_error" 1 "$rc" "FAIL cuda_error" \
     "$R/illegal.log"
   grep -q "reproduced in a fresh worker\|Nq65" "$R/illegal.log" \
     && echo "PASS illegal: confirmed or shrunk to Nq65" | tee -a "$SUMMARY" \
     || echo "FAIL illegal: neither confirmation nor Nq65 in the log" | tee -a "$SUMMARY"
   replay illegal $K:illegal_address_large "(cuda_error)"
-  rc=$(fuzz illegal_async 200 --kernel $K:illegal_address_async --minutes 2.5 --max-n 256 \
+  rc=$(fuzz illegal_async 200 --kernel $K:illegal_address_async --minutes "$MIN_ILLEGAL" --max-n 256 \
        --seed 1)
   expect "illegal_async: campaign records the fault" 1 "$rc" "FAIL \(cuda_error\|crashed\)" \
     "$R/illegal_async.log"
   replay illegal_async $K:illegal_address_async "fail"
   el "run --jobs 4 (sweep with faults)"
-  timeout -s TERM 240 python -m verify run --kernel $K:illegal_address_large --device "$DEVICE" \
-    --jobs 4 --budget-s 180 --out "$R/illegal_run" --quiet > "$R/illegal_run.log" 2>&1
+  timeout -s TERM $((RUN_S + 60)) python -m verify run --kernel $K:illegal_address_large --device "$DEVICE" \
+    --jobs 4 --budget-s "$RUN_S" --out "$R/illegal_run" --quiet > "$R/illegal_run.log" 2>&1
   rc=$?
   expect "illegal_run: sweep exits 1 and keeps every record" 1 "$rc" "cuda_error" \
     "$R/illegal_run/report.md"
@@ -75,7 +79,7 @@ fi
 if has random; then
   K=tests/misbehaving_kernels.py
   for k in random_order random_wrong first_use_wrong; do
-    rc=$(fuzz "$k" 120 --kernel $K:$k --minutes 1.5 --max-n 512 --seed 1)
+    rc=$(fuzz "$k" 120 --kernel $K:$k --minutes "$MIN_RANDOM" --max-n 512 --seed 1)
     expect "$k: campaign exits 1" 1 "$rc" "FAIL" "$R/$k.log"
     replay "$k" $K:$k "fail"
   done
