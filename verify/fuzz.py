@@ -148,6 +148,27 @@ def draw_dtypes(capabilities: dict, device: str, requested: list[str] | None) ->
     return out
 
 
+def default_max_n(capabilities: dict, max_n: int) -> int:
+    """The default N cap, raised to the largest declared ``seq_multiple`` so that a kernel
+    taking only multiples of 128 still gets a campaign, and lowered to ``max_seqlen``."""
+    m = capabilities.get("seq_multiple", 1)
+    biggest = max(m.values()) if isinstance(m, dict) else int(m)
+    out = max(max_n, biggest)
+    top = capabilities.get("max_seqlen")
+    return min(out, top) if top is not None else out
+
+
+def domain_notes(capabilities: dict) -> list[str]:
+    """Lines for the campaign's header: what the probes took out of the domain, and the
+    probe shapes a kernel rejected while another shape ran (declare both, to skip them)."""
+    out = []
+    for key, why in (capabilities.get("probed_not_run") or {}).items():
+        out.append(f"probed, not run: {key}: {why} (undeclared; declare it in capabilities)")
+    for key, why in (capabilities.get("probe_rejected_cases") or {}).items():
+        out.append(f"probe shape rejected, {key} kept in the domain: {why}")
+    return out
+
+
 @dataclass
 class Campaign:
     """One campaign. ``kernel`` is not used (kept for callers): the workers resolve
@@ -187,7 +208,8 @@ class Campaign:
         from verify.supervise import ProbeCrashed, Supervisor
 
         dev = torch.device(self.device).type
-        if self.max_n is None:
+        default_n = self.max_n is None
+        if default_n:
             self.max_n = DEFAULT_MAX_N[dev]
         self.out = Path(self.out)
         self.sup = Supervisor(self.kernel_spec, self.device, case_timeout=self.case_timeout,
@@ -203,6 +225,8 @@ class Campaign:
                 caps = {}
             self.capabilities = caps
             self.draw_dtypes = draw_dtypes(caps, self.device, self.dtypes)
+            if default_n:
+                self.max_n = default_max_n(caps, self.max_n)
             from verify.strategies import cases
 
             # Built once here so bad bounds surface as a usage error before anything runs.
@@ -212,6 +236,7 @@ class Campaign:
             self.sup.close()
             raise
         self.calls = 0
+        self.not_run: dict[str, int] = {}  # reason -> drawn cases the kernel did not run
         self.known: set[tuple] = set()
         self.causes: dict[tuple, dict] = {}  # root-cause signature -> its file and hits
         self.strays: list[tuple[Any, Any]] = []
@@ -253,6 +278,7 @@ class Campaign:
                 state["timeouts"] += 1
             bar.advance(case.short()[:60])
             if verdict.status == "not_run":
+                self.not_run[verdict.reason] = self.not_run.get(verdict.reason, 0) + 1
                 reject()
             ratio = error_ratio(verdict)
             target(min(ratio, TARGET_CAP) if math.isfinite(ratio) else TARGET_CAP,
@@ -567,6 +593,8 @@ class Campaign:
                  else f"; database {self.out / 'hypothesis-db'}")
               + ("; case timeout " + (f"{self.case_timeout:g} s" if self.case_timeout
                                       else "auto")))
+        for line in domain_notes(self.capabilities):
+            print(f"fuzz: {line}")
         round_no = 0
         interrupted = False
         state: dict = {}
@@ -626,6 +654,13 @@ class Campaign:
               + f"; {len(self.found)} distinct failure(s)"
               + (f" in {self.out / 'failures'}" if self.found else "")
               + f"; {self.sup.started} worker process(es)")
+        if self.not_run:
+            n = sum(self.not_run.values())
+            print(f"fuzz: {n} drawn case(s) not run (the kernel rejected them, or its declared "
+                  f"supports() did); declare these in its capabilities (docs/contracts.md "
+                  f"§2) so the campaign draws inside them:")
+            for why, count in sorted(self.not_run.items(), key=lambda x: -x[1])[:10]:
+                print(f"  {count} x not run: {why}")
         return 1 if self.found else 0
 
 
