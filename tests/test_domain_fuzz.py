@@ -87,3 +87,14 @@ def test_undeclared_rejection_is_one_case_not_a_whole_dtype(tmp_path, capsys):
     assert {c.dtype for c, v in seen if v.status == "pass"} == {"float16", "bfloat16",
                                                                "float32"}
     assert "not run: ValueError: query: Nq must be even" in out
+
+
+def test_bad_capabilities_are_a_usage_error(tmp_path, capsys):
+    f = tmp_path / "k.py"
+    f.write_text("from tests.domain_kernels import attention as _a\n"
+                 "def attention(*args, **kw):\n    return _a(*args, **kw)\n"
+                 "attention.capabilities = {'seq_multiple': {'causal': 128}}\n")
+    rc = cli.main(["fuzz", "--kernel", f"{f}:attention", "--device", "cpu", "--examples", "3",
+                   "--out", str(tmp_path / "fz"), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "capabilities['seq_multiple'] must be" in err and "'noncausal'" in err

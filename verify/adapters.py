@@ -15,12 +15,15 @@ Spec forms (:func:`resolve_kernel`):
 A bad spec raises :class:`SpecError` (a ValueError) with one line; the CLI maps it to exit 2.
 
 A :class:`Kernel` knows its capabilities: the callable's declared ``capabilities`` dict
-(docs/contracts.md §2), and for every key it does not declare a probe on tiny inputs. A
-*clear* exception (ValueError, NotImplementedError, TypeError, or a RuntimeError whose message
-says "not supported"/"No available kernel"/...) means "outside the domain" and its text is the
-reason reported as "not run: reason". Any other exception leaves the feature in the domain,
-so the real case then fails as "raised" instead of being silently skipped. Probes are cached
-per (spec, device).
+(docs/contracts.md §2; validated, a bad entry is a SpecError naming the key), and for every
+feature it does not declare a probe on small cases inside the declared rules (sequence
+multiple, head dims, layouts, ``supports``). A *clear* exception (ValueError,
+NotImplementedError, TypeError, or a RuntimeError whose message says "not supported"/"No
+available kernel"/...) means "outside the domain" and its text is the reason reported as "not
+run: reason". A feature is taken out only when a second, larger probe shape is rejected too;
+a real case the kernel rejects clearly is "not run" by itself (verify.check). Any other
+exception leaves the feature in the domain, so the real case then fails as "raised" instead
+of being silently skipped. Probes are cached per (spec, device).
 
 :meth:`Kernel.call` expresses a case through the arguments the kernel takes: window and
 bottom-right causal alignment (and ``is_causal`` together with a mask, which SDPA rejects)

@@ -260,7 +260,7 @@ def call_supports(fn: Callable, case) -> str | None:
     """The declared ``supports(case)``: None or a reason string (anything else is an error
     naming the key)."""
     r = fn(case)
-    if r is None or r is True:
+    if r is None:
         return None
     if isinstance(r, str) and r:
         return r

@@ -22,8 +22,12 @@ failing verdict raises, Hypothesis shrinks it, and the final (shrunk) example is
   records both verdicts, and :data:`FLAKY_RERUNS` fresh workers, each running the case twice,
   tell "wrong on first use" from "wrong at random" (``observations["flaky"]["kind"]``).
 - Draws stay inside the kernel's capabilities on this device (probed inside a worker): its
-  dtypes minus those it declares ``not_run`` here, its mask kinds, extensions, GQA and
-  backward.
+  dtypes minus those it declares ``not_run`` here, its mask kinds, extensions, GQA,
+  backward, head dims (range or set), layouts and sequence rules (``seq_multiple``,
+  ``same_seqlen``, ``max_seqlen``), drawn by construction (docs/contracts.md §2). The
+  default N cap is raised to the largest declared ``seq_multiple``. Cases the kernel's
+  ``supports`` refuses, or that it rejects clearly without declaring it, are "not run";
+  their reasons are printed after the campaign, what the probes took out before it.
 - The example database is ``DIR/hypothesis-db`` (``DirectoryBasedExampleDatabase``): a rerun
   with the same DIR first replays what failed before.
 - ``seed`` fixes Hypothesis's random choices (``hypothesis.seed``), so the same seed, kernel
