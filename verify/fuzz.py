@@ -240,7 +240,8 @@ class Campaign:
             self.sup.close()
             raise
         self.calls = 0
-        self.not_run: dict[str, int] = {}  # reason -> drawn cases the kernel did not run
+        # normalised reason -> [drawn cases the kernel did not run, first reason, distinct]
+        self.not_run: dict[str, list] = {}
         self.known: set[tuple] = set()
         self.causes: dict[tuple, dict] = {}  # root-cause signature -> its file and hits
         self.strays: list[tuple[Any, Any]] = []
@@ -255,6 +256,14 @@ class Campaign:
     def _observe(self, case: Any, verdict: Any) -> None:
         """Called with every verdict of the property (an extension point: the mutation
         self-test records them; verify/selftest.py)."""
+
+    def _count_not_run(self, reason: str) -> None:
+        """Group "not run" reasons that differ only in numbers (``Nq=37`` and ``Nq=9``)."""
+        from verify.supervise import normalise_message
+
+        entry = self.not_run.setdefault(normalise_message(reason), [0, reason, set()])
+        entry[0] += 1
+        entry[2].add(reason)
 
     def _property(self, bar: Progress, state: dict):
         from hypothesis import note, reject, target
@@ -282,7 +291,7 @@ class Campaign:
                 state["timeouts"] += 1
             bar.advance(case.short()[:60])
             if verdict.status == "not_run":
-                self.not_run[verdict.reason] = self.not_run.get(verdict.reason, 0) + 1
+                self._count_not_run(verdict.reason)
                 reject()
             ratio = error_ratio(verdict)
             target(min(ratio, TARGET_CAP) if math.isfinite(ratio) else TARGET_CAP,
@@ -659,12 +668,13 @@ class Campaign:
               + (f" in {self.out / 'failures'}" if self.found else "")
               + f"; {self.sup.started} worker process(es)")
         if self.not_run:
-            n = sum(self.not_run.values())
+            n = sum(e[0] for e in self.not_run.values())
             print(f"fuzz: {n} drawn case(s) not run (the kernel rejected them, or its declared "
                   f"supports() did); declare these in its capabilities (docs/contracts.md "
                   f"§2) so the campaign draws inside them:")
-            for why, count in sorted(self.not_run.items(), key=lambda x: -x[1])[:10]:
-                print(f"  {count} x not run: {why}")
+            for count, why, seen in sorted(self.not_run.values(), key=lambda e: -e[0])[:10]:
+                more = f" (and {len(seen) - 1} more like it)" if len(seen) > 1 else ""
+                print(f"  {count} x not run: {why}{more}")
         return 1 if self.found else 0
 
 
