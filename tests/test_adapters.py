@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -123,3 +124,115 @@ def test_domain_guard(fn, status):
     findings = check_domain_guard(fn, "cpu")
     assert {f.probe for f in findings} == {"head_dim=512", "dtype=float64"}
     assert all(f.status == status for f in findings), findings
+
+
+# -- declared domains and probes inside them ------------------------------------------------
+
+
+def _multiple_of_16(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                    scale=None, enable_gqa=False):
+    n, d = query.shape[2], query.shape[3]
+    if n % 16 or key.shape[2] % 16 or d not in (16, 32, 64):
+        raise ValueError(f"query: N must be a multiple of 16 and D in {{16, 32, 64}}, got "
+                         f"N={n}, D={d}")
+    return blocked_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                             enable_gqa)
+
+
+_multiple_of_16.capabilities = {"seq_multiple": 16, "head_dims": {16, 32, 64}}
+
+
+def test_probes_stay_inside_the_declared_domain():
+    """Undeclared dtypes, masks, GQA and backward are probed with N = 16 and D in the set:
+    the kernel's rejection of N = 4 never takes a dtype out."""
+    k = as_kernel(_multiple_of_16, "cpu")
+    caps = k.capabilities
+    assert caps["dtypes"] == ("float16", "bfloat16", "float32")
+    assert caps["masks"] == ("bool", "additive") and caps["gqa"] and caps["backward"] is True
+    assert caps["probed_not_run"] == {} and caps["probe_rejected_cases"] == {}
+    assert k.supports(Case(B=1, Hq=2, Hkv=1, Nq=32, Nk=48, D=64, dtype="bfloat16"))[0]
+    ok, reason = k.supports(Case(B=1, Hq=1, Hkv=1, Nq=24, Nk=24, D=64))
+    assert not ok and "multiples of 16" in reason
+    ok, reason = k.supports(Case(B=1, Hq=1, Hkv=1, Nq=16, Nk=16, D=48))
+    assert not ok and "head dim 48 not in declared head_dims [16, 32, 64]" in reason
+    assert {f.probe for f in check_domain_guard(_multiple_of_16, "cpu")} == {"head_dim=512"}
+
+
+def _bf16_needs_long_rows(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                          scale=None, enable_gqa=False):
+    if query.dtype == torch.bfloat16 and query.shape[2] < 64:
+        raise NotImplementedError("bfloat16 needs N >= 64")
+    return blocked_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                             enable_gqa)
+
+
+def test_one_rejected_probe_shape_keeps_the_dtype_and_the_case_is_not_run():
+    from verify.check import check_case
+
+    k = as_kernel(_bf16_needs_long_rows, "cpu")
+    caps = k.capabilities
+    assert "bfloat16" in caps["dtypes"] and "dtype=bfloat16" not in caps["probed_not_run"]
+    assert "bfloat16 needs N >= 64" in caps["probe_rejected_cases"]["dtype=bfloat16"]
+    small = Case(B=1, Hq=1, Hkv=1, Nq=8, Nk=8, D=16, dtype="bfloat16", backward=False)
+    assert k.supports(small)[0]
+    v = check_case(k, small, "cpu")
+    assert v.status == "not_run" and "bfloat16 needs N >= 64" in v.reason
+    v = check_case(k, dataclasses.replace(small, Nq=64, Nk=64), "cpu")
+    assert v.status == "pass", v.reason
+
+
+def _declared_rules(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                    scale=None, enable_gqa=False):
+    return blocked_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                             enable_gqa)
+
+
+@pytest.mark.parametrize("caps, case, want", [
+    ({"same_seqlen": True}, dict(Nq=8, Nk=12), "Nq=8 != Nk=12 (declared same_seqlen)"),
+    ({"max_seqlen": 10}, dict(Nq=8, Nk=12), "sequence length 12 > declared max_seqlen 10"),
+    ({"layouts": ("contiguous",)}, dict(layout="strided"), "layout strided not in declared"),
+    ({"seq_multiple": {"causal": 8, "noncausal": 1}}, dict(Nq=12, is_causal=True),
+     "causal cases need multiples of 8"),
+    ({"supports": lambda c: "no GQA with 3 heads" if c.Hq == 3 else None}, dict(Hq=3),
+     "no GQA with 3 heads"),
+])
+def test_declared_rules_decide_without_running(caps, case, want):
+    fn = functools.partial(_declared_rules)
+    fn.capabilities = caps
+    k = as_kernel(fn, "cpu")
+    base = dict(B=1, Hq=1, Hkv=1, Nq=8, Nk=8, D=16)
+    ok, reason = k.supports(Case(**{**base, **case}))
+    assert not ok and want in reason
+    assert k.supports(Case(**base))[0]
+
+
+@pytest.mark.parametrize("declared, dtype, causal, ok", [
+    ("causal_only", "float16", True, True),
+    ("causal_only", "float16", False, False),
+    ({"float16": True, "float32": False}, "float32", True, False),
+    ({"float16": True, "float32": False}, "float16", False, True),
+    ({"float32": False}, "bfloat16", False, True),  # left out: probed (the kernel has one)
+])
+def test_backward_declared_per_dtype_or_causal_only(declared, dtype, causal, ok):
+    fn = functools.partial(_declared_rules)
+    fn.capabilities = {"backward": declared}
+    k = as_kernel(fn, "cpu")
+    case = Case(B=1, Hq=1, Hkv=1, Nq=8, Nk=8, D=16, dtype=dtype, is_causal=causal)
+    has, why = k.supports_backward(case)
+    assert has is ok and (ok or "declares backward" in why)
+
+
+@pytest.mark.parametrize("caps, key", [
+    ({"seq_multiple": -16}, "seq_multiple"),
+    ({"head_dims": "64"}, "head_dims"),
+    ({"supports": lambda c: False}, "supports"),
+    ({"headdims": (1, 64)}, "headdims"),
+])
+def test_bad_declared_capabilities_name_the_key(caps, key):
+    """A bad entry is a SpecError when the kernel is resolved; a ``supports`` returning
+    something else than None or a reason, a ValueError when it is called."""
+    fn = functools.partial(_declared_rules)
+    fn.capabilities = caps
+    with pytest.raises(ValueError, match=key):
+        k = as_kernel(fn, "cpu")
+        k.supports(Case(B=1, Hq=1, Hkv=1, Nq=8, Nk=8, D=16))

@@ -10,6 +10,7 @@ import torch
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
+from verify.capabilities import backward_declared, check_capabilities, domain_reason
 from verify.cases import DTYPES, LAYOUTS, d_bucket, n_bucket
 from verify.distributions import DIST_KINDS, GRAD_DIST_KINDS
 from verify.strategies import (
@@ -266,3 +267,70 @@ def test_sweeps_are_deterministic_and_distinct():
 def test_fixed_sweep_rejects_unknown_profile():
     with pytest.raises(ValueError, match="profile"):
         fixed_sweep("tpu")
+
+
+# -- declared domains (verify.capabilities) -------------------------------------------------
+
+DOMAINS = {
+    "multiple-and-set": {"seq_multiple": 16, "head_dims": {16, 32, 64}},
+    "per-causality": {"seq_multiple": {"causal": 32, "noncausal": 8}, "max_seqlen": 96,
+                      "layouts": ("bnhd", "strided")},
+    "same-seqlen": {"same_seqlen": True, "head_dims": [8, 24], "backward": "causal_only"},
+    "backward-per-dtype": {"backward": {"float16": True, "float32": False},
+                           "seq_multiple": 3},
+}
+
+
+@pytest.mark.parametrize("caps", DOMAINS.values(), ids=DOMAINS.keys())
+@given(data=st.data())
+def test_strategy_draws_inside_the_declared_domain(caps, data):
+    """By construction: the profile's health checks would flag a strategy that filters."""
+    case = data.draw(cases(dtypes=tuple(DTYPES), max_n=128, capabilities=caps))
+    norm = check_capabilities(caps)
+    assert domain_reason(norm, case) is None, case.short()
+    assert case.backward == (backward_declared(norm, case.dtype, case.is_causal) is not False)
+
+
+def test_declared_domain_shrinks_to_its_smallest_case_and_reaches_its_largest():
+    strat = cases(max_n=128, capabilities=DOMAINS["multiple-and-set"])
+    small = find(strat, lambda c: True, settings=FIND)
+    assert (small.Nq, small.Nk, small.D) == (16, 16, 16)
+    big = find(strat, lambda c: c.Nq == 128 and c.D == 64 and c.Nk != c.Nq, settings=FIND)
+    assert big.Nk % 16 == 0
+    causal = find(cases(max_n=96, capabilities=DOMAINS["per-causality"]),
+                  lambda c: c.is_causal, settings=FIND)
+    assert (causal.Nq, causal.layout) == (32, "bnhd")
+
+
+@pytest.mark.parametrize("caps, key", [
+    ({"seq_multiple": 0}, "seq_multiple"),
+    ({"seq_multiple": 2.0}, "seq_multiple"),
+    ({"seq_multiple": {"causal": 16}}, "seq_multiple"),
+    ({"head_dims": []}, "head_dims"),
+    ({"head_dims": (16, 32, 64)}, "head_dims"),
+    ({"head_dims": {0, 16}}, "head_dims"),
+    ({"head_dims": (64, 16)}, "head_dims"),
+    ({"same_seqlen": "yes"}, "same_seqlen"),
+    ({"max_seqlen": 0}, "max_seqlen"),
+    ({"max_seqlen": 64, "seq_multiple": 128}, "max_seqlen"),
+    ({"layouts": ("bhnd",)}, "layouts"),
+    ({"layouts": ()}, "layouts"),
+    ({"backward": "sometimes"}, "backward"),
+    ({"backward": {"float64": True}}, "backward"),
+    ({"supports": "odd"}, "supports"),
+    ({"seq_mutliple": 16}, "seq_mutliple"),
+])
+def test_bad_capabilities_name_the_key_and_its_form(caps, key):
+    with pytest.raises(ValueError, match=key) as info:
+        cases(capabilities=caps)
+    assert "must be" in str(info.value) or "allowed" in str(info.value) or "below" in str(
+        info.value)
+
+
+def test_max_n_below_the_declared_multiple_is_a_bad_bound():
+    with pytest.raises(ValueError, match="max_n = 64 .*seq_multiple"):
+        cases(max_n=64, capabilities={"seq_multiple": 128})
+    with pytest.raises(ValueError, match="layouts"):
+        cases(layouts=("contiguous",), capabilities={"layouts": ("strided",)})
+    with pytest.raises(ValueError, match="head_dims"):
+        cases(head_dims=[8], capabilities={"head_dims": {16, 32}})

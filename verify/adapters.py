@@ -15,12 +15,15 @@ Spec forms (:func:`resolve_kernel`):
 A bad spec raises :class:`SpecError` (a ValueError) with one line; the CLI maps it to exit 2.
 
 A :class:`Kernel` knows its capabilities: the callable's declared ``capabilities`` dict
-(docs/contracts.md §2), and for every key it does not declare a probe on tiny inputs. A
-*clear* exception (ValueError, NotImplementedError, TypeError, or a RuntimeError whose message
-says "not supported"/"No available kernel"/...) means "outside the domain" and its text is the
-reason reported as "not run: reason". Any other exception leaves the feature in the domain,
-so the real case then fails as "raised" instead of being silently skipped. Probes are cached
-per (spec, device).
+(docs/contracts.md §2; validated, a bad entry is a SpecError naming the key), and for every
+feature it does not declare a probe on small cases inside the declared rules (sequence
+multiple, head dims, layouts, ``supports``). A *clear* exception (ValueError,
+NotImplementedError, TypeError, or a RuntimeError whose message says "not supported"/"No
+available kernel"/...) means "outside the domain" and its text is the reason reported as "not
+run: reason". A feature is taken out only when a second, larger probe shape is rejected too;
+a real case the kernel rejects clearly is "not run" by itself (verify.check). Any other
+exception leaves the feature in the domain, so the real case then fails as "raised" instead
+of being silently skipped. Probes are cached per (spec, device).
 
 :meth:`Kernel.call` expresses a case through the arguments the kernel takes: window and
 bottom-right causal alignment (and ``is_causal`` together with a mask, which SDPA rejects)
@@ -48,6 +51,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from verify.capabilities import (
+    backward_declared,
+    call_supports,
+    check_capabilities,
+    domain_reason,
+    head_dim_reason,
+    probe_shape,
+)
 from verify.cases import Case, Inputs
 
 __all__ = [
@@ -324,6 +335,12 @@ def as_kernel(kernel, device: str) -> Kernel:
 # the Kernel object
 
 _PROBE_CACHE: dict[tuple[str, str, str], str | None] = {}
+# (spec, device, feature) -> reason, for a feature one probe shape rejected and another ran
+_PROBE_PARTIAL: dict[tuple[str, str, str], str] = {}
+
+
+def _probe_label(case: Case) -> str:
+    return f"{case.dtype} Nq=Nk={case.Nq} D={case.D} {case.layout}"
 
 
 def _tiny(dtype: str, D: int, device: str, *, Hq=2, Hkv=2, N=4, seed=0, requires_grad=False):
@@ -347,7 +364,17 @@ def _accepts_kw(fn: Callable, name: str) -> bool:
 
 @dataclass
 class Kernel:
-    """A kernel under test: its callable plus what it can do (declared or probed)."""
+    """A kernel under test: its callable plus what it can do (declared or probed).
+
+    ``declared`` is the callable's ``capabilities`` dict, validated
+    (:func:`verify.capabilities.check_capabilities`; a bad one raises :class:`SpecError`
+    naming the key). Probes decide only what is not declared, one feature at a time, on
+    probe cases inside the declared domain (sequence multiple, head dims, layouts,
+    ``supports``). A feature is taken out only when every probe case of it (two shapes) is
+    clearly rejected; a rejection on one probe shape alone is recorded in
+    ``probe_rejected_cases`` and the real cases then run (a clear rejection of one of them
+    is "not run: reason").
+    """
 
     name: str
     spec: str
@@ -357,33 +384,76 @@ class Kernel:
 
     def __post_init__(self) -> None:
         if not self.declared:
-            self.declared = dict(getattr(self.fn, "capabilities", None) or {})
+            self.declared = getattr(self.fn, "capabilities", None) or {}
+        try:
+            self.declared = check_capabilities(self.declared)
+        except ValueError as e:
+            raise SpecError(f"kernel {self.spec!r}: {e}") from None
 
     # -- probing --------------------------------------------------------------------------
 
-    def _probe(self, feature: str, device: str, thunk: Callable[[], object]) -> str | None:
-        """Run ``thunk``; None when it worked, else the reason it is outside the domain."""
+    def _probe_cases(self, dtype: str, *, D: int | None = None, gqa: bool = False,
+                     mask: dict | None = None, backward: bool = False) -> list[Case]:
+        """The probe cases of one feature: a small one and a larger one with another head
+        dim, both inside the declared domain (the declared ``supports`` too, where it
+        accepts any of them)."""
+        out: list[Case] = []
+        for i, large in enumerate((False, True)):
+            shape = probe_shape(self.declared, large=large, D=D)
+            c = Case(B=1, Hq=4 if gqa else 2, Hkv=2, dtype=dtype, seed=i, backward=backward,
+                     mask=mask or {"kind": "none"}, **shape)
+            if c not in out:
+                out.append(c)
+        fn = self.declared.get("supports")
+        if fn is not None:
+            inside = [c for c in out if call_supports(fn, c) is None]
+            out = inside or out
+        return out
+
+    def _call_tiny(self, dtype="float16", D=16, device=None, N=4):
+        """Call the kernel on (1, 2, N, D) random contiguous inputs (the domain guard's
+        probes: head dims beyond what a Case holds)."""
+        device = device or self.device
+        q, k, v = _tiny(dtype, D, device, N=N)
+        return self.fn(q, k, v)
+
+    def _run_probe(self, case: Case, device: str) -> None:
+        """Call the kernel on a probe case (masks passed as they are, never converted)."""
+        inp = case.materialize(device)
+        if case.backward:
+            for t in (inp.query, inp.key, inp.value):
+                t.requires_grad_(True)
+        out = self.fn(inp.query, inp.key, inp.value, **inp.kwargs())
+        out = out[0] if isinstance(out, tuple) else out
+        if case.backward:
+            out.float().sum().backward()
+            if inp.query.grad is None:
+                raise NotImplementedError("backward: no gradient reached the query")
+
+    def _probe(self, feature: str, device: str, probes: list[Case]) -> str | None:
+        """Run the probe cases of ``feature``; None when any of them worked (or failed in a
+        way that is not a clear rejection), else the reason it is outside the domain."""
         key = (self.spec, device, feature)
         if key not in _PROBE_CACHE:
-            try:
-                thunk()
-                _PROBE_CACHE[key] = None
-            except Exception as e:  # classify: clear rejection = outside the domain
-                _PROBE_CACHE[key] = describe_exception(e) if is_clear_rejection(e) else None
+            reasons = []
+            for c in probes:
+                try:
+                    self._run_probe(c, device)
+                except Exception as e:  # classify: clear rejection = outside the domain
+                    if not is_clear_rejection(e):
+                        reasons = []
+                        break
+                    reasons.append((c, describe_exception(e)))
+                    continue
+                break
+            if reasons and len(reasons) < len(probes):
+                c, why = reasons[0]
+                _PROBE_PARTIAL[key] = f"{why} (on {_probe_label(c)}; another probe shape ran)"
+            ok = not reasons or len(reasons) < len(probes)
+            _PROBE_CACHE[key] = None if ok else (
+                reasons[0][1] + (f" (on {len(probes)} probe shapes)" if len(probes) > 1
+                                 else ""))
         return _PROBE_CACHE[key]
-
-    def _call_tiny(self, dtype="float16", D=16, device=None, **kw):
-        device = device or self.device
-        gqa = kw.pop("gqa", False)
-        backward = kw.pop("backward", False)
-        q, k, v = _tiny(dtype, D, device, Hq=4 if gqa else 2, Hkv=2, requires_grad=backward)
-        out = self.fn(q, k, v, enable_gqa=gqa, **kw)
-        out = out[0] if isinstance(out, tuple) else out
-        if backward:
-            out.float().sum().backward()
-            if q.grad is None:
-                raise NotImplementedError("backward: no gradient reached the query")
-        return out
 
     def _dtype_reason(self, dtype: str, device: str) -> str | None:
         nr = (self.declared.get("not_run") or {}).get(torch.device(device).type, {})
@@ -392,34 +462,39 @@ class Kernel:
         if "dtypes" in self.declared:
             ok = dtype in self.declared["dtypes"]
             return None if ok else f"dtype {dtype} not in declared dtypes {self.declared['dtypes']}"
-        return self._probe(f"dtype={dtype}", device, lambda: self._call_tiny(dtype, 16, device))
+        return self._probe(f"dtype={dtype}", device, self._probe_cases(dtype))
 
     def _head_dim_reason(self, D: int, dtype: str, device: str) -> str | None:
         if "head_dims" in self.declared:
-            lo, hi = self.declared["head_dims"]
-            return None if lo <= D <= hi else f"head dim {D} outside declared [{lo}, {hi}]"
-        return self._probe(f"D={D},{dtype}", device, lambda: self._call_tiny(dtype, D, device))
+            return head_dim_reason(self.declared, D)
+        return self._probe(f"D={D},{dtype}", device, self._probe_cases(dtype, D=D))
 
     def _mask_reason(self, kind: str, dtype: str, device: str) -> str | None:
         if "masks" in self.declared:
             ok = kind in self.declared["masks"]
             return None if ok else f"{kind} masks not in declared masks {self.declared['masks']}"
-
-        def run():
-            m = torch.ones(4, 4, dtype=torch.bool, device=device).tril()
-            if kind == "additive":
-                m = torch.zeros(4, 4, dtype=_DTYPES[dtype], device=device).masked_fill(
-                    ~m, -math.inf)
-            self._call_tiny(dtype, 16, device, attn_mask=m)
-
-        return self._probe(f"mask={kind},{dtype}", device, run)
+        mask = {"kind": "random", "density": 0.5} if kind == "bool" else {
+            "kind": "bias", "neginf_prob": 0.1}
+        return self._probe(f"mask={kind},{dtype}", device,
+                           self._probe_cases(dtype, mask=mask))
 
     def _flag_reason(self, flag: str, dtype: str, device: str) -> str | None:
         if flag in self.declared:
             return None if self.declared[flag] else f"kernel declares {flag}=False"
-        kw = {"gqa": {"gqa": True}, "backward": {"backward": True}}[flag]
         return self._probe(f"{flag},{dtype}", device,
-                           lambda: self._call_tiny(dtype, 16, device, **kw))
+                           self._probe_cases(dtype, **{flag: True}))
+
+    def _backward_reason(self, dtype: str, is_causal: bool, device: str) -> str | None:
+        declared = backward_declared(self.declared, dtype, is_causal)
+        if declared is True:
+            return None
+        if declared is False:
+            how = self.declared["backward"]
+            return ("kernel declares backward='causal_only'" if how == "causal_only" else
+                    f"kernel declares backward={{{dtype!r}: False}}" if isinstance(how, dict)
+                    else "kernel declares backward=False")
+        return self._probe(f"backward,{dtype}", device,
+                           self._probe_cases(dtype, backward=True))
 
     @property
     def declares_domain(self) -> bool:
@@ -438,7 +513,9 @@ class Kernel:
     @property
     def capabilities(self) -> dict:
         """Declared capabilities, completed by probes (dtypes, head-dim sample, masks, gqa,
-        backward) on this kernel's device. ``not_run`` lists what was rejected and why."""
+        backward per dtype) on this kernel's device. ``probed_not_run`` lists what the probes
+        took out and why (declare it to skip the probe); ``probe_rejected_cases`` the
+        features that one probe shape rejected and another ran (kept in the domain)."""
         dev = self.device
         caps = dict(self.declared)
         caps.setdefault("extensions", ())
@@ -456,26 +533,41 @@ class Kernel:
                 (not_run.__setitem__(f"D={D}", r) if r else dims.append(D))
             caps["head_dim_sample"] = tuple(dims)
         caps.setdefault("masks", self.mask_kinds(probe_dt, dev))
-        for flag in ("gqa", "backward"):
-            if flag not in caps:
-                r = self._flag_reason(flag, probe_dt, dev)
-                caps[flag] = r is None
-                if r:
-                    not_run[flag] = r
+        if "gqa" not in caps:
+            r = self._flag_reason("gqa", probe_dt, dev)
+            caps["gqa"] = r is None
+            if r:
+                not_run["gqa"] = r
+        bwd = caps.get("backward")
+        if not isinstance(bwd, (bool, str)):  # absent, or a dict that may leave dtypes out
+            per = dict(bwd or {})
+            for dt in dtypes:
+                if dt not in per:
+                    r = self._backward_reason(dt, False, dev)
+                    per[dt] = r is None
+                    if r:
+                        not_run[f"backward,{dt}"] = r
+            caps["backward"] = (per[probe_dt] if bwd is None and len(set(per.values())) <= 1
+                                and per else per)
         caps["probed_not_run"] = not_run
+        caps["probe_rejected_cases"] = {k[2]: v for k, v in _PROBE_PARTIAL.items()
+                                        if k[:2] == (self.spec, dev)}
         return caps
 
     # -- the domain -----------------------------------------------------------------------
 
     def supports(self, case: Case, device: str | None = None) -> tuple[bool, str]:
         """(True, "") when ``case`` is inside the kernel's domain on ``device``, else
-        (False, reason)."""
+        (False, reason). Declared rules first, then probes of what is undeclared, then the
+        declared ``supports(case)``."""
         device = device or self.device
         devices = self.declared.get("devices")
         if devices is not None and torch.device(device).type not in devices:
             return False, f"device {device} not in declared devices {tuple(devices)}"
+        reason = domain_reason(self.declared, case) or self._dtype_reason(case.dtype, device)
+        if reason:
+            return False, reason
         for reason in (
-            self._dtype_reason(case.dtype, device),
             self._head_dim_reason(case.D, case.dtype, device),
             self._flag_reason("gqa", case.dtype, device) if case.Hq != case.Hkv else None,
             self._needs_mask_reason(case, device),
@@ -484,10 +576,14 @@ class Kernel:
                 return False, reason
         if case.tf32 and case.dtype == "float32" and self.declared.get("tf32") is False:
             return False, "kernel declares tf32=False"
+        fn = self.declared.get("supports")
+        reason = call_supports(fn, case) if fn is not None else None
+        if reason:
+            return False, reason
         return True, ""
 
     def supports_backward(self, case: Case, device: str | None = None) -> tuple[bool, str]:
-        r = self._flag_reason("backward", case.dtype, device or self.device)
+        r = self._backward_reason(case.dtype, case.is_causal, device or self.device)
         return (r is None), (f"kernel has no backward: {r}" if r else "")
 
     def _folds(self, case_like) -> bool:
@@ -590,16 +686,17 @@ def check_domain_guard(kernel, device: str) -> list[GuardFinding]:
     probes: list[tuple[str, Callable[[], object]]] = []
     decl = k.declared
     dt0 = (decl.get("dtypes") or ("float16",))[0]
-    if "head_dims" in decl and not (decl["head_dims"][0] <= 512 <= decl["head_dims"][1]):
-        probes.append(("head_dim=512", functools.partial(k._call_tiny, dt0, 512, device)))
+    n = probe_shape(decl)["Nq"]  # a sequence length inside the declared rules
+    if "head_dims" in decl and head_dim_reason(decl, 512) is not None:
+        probes.append(("head_dim=512", functools.partial(k._call_tiny, dt0, 512, device, N=n)))
     if "dtypes" in decl and "float64" not in decl["dtypes"]:
         def f64():
-            q, kk, v = (t.double() for t in _tiny("float32", 16, device))
+            q, kk, v = (t.double() for t in _tiny("float32", 16, device, N=n))
             return k.fn(q, kk, v)
         probes.append(("dtype=float64", f64))
     if torch.device(device).type == "cuda":
         def mixed():
-            q, kk, v = _tiny(dt0, 16, device)
+            q, kk, v = _tiny(dt0, 16, device, N=n)
             return k.fn(q, kk.cpu(), v.cpu())
         probes.append(("mixed_devices", mixed))
     findings = []

@@ -22,8 +22,12 @@ failing verdict raises, Hypothesis shrinks it, and the final (shrunk) example is
   records both verdicts, and :data:`FLAKY_RERUNS` fresh workers, each running the case twice,
   tell "wrong on first use" from "wrong at random" (``observations["flaky"]["kind"]``).
 - Draws stay inside the kernel's capabilities on this device (probed inside a worker): its
-  dtypes minus those it declares ``not_run`` here, its mask kinds, extensions, GQA and
-  backward.
+  dtypes minus those it declares ``not_run`` here, its mask kinds, extensions, GQA,
+  backward, head dims (range or set), layouts and sequence rules (``seq_multiple``,
+  ``same_seqlen``, ``max_seqlen``), drawn by construction (docs/contracts.md §2). The
+  default N cap is raised to the largest declared ``seq_multiple``. Cases the kernel's
+  ``supports`` refuses, or that it rejects clearly without declaring it, are "not run";
+  their reasons are printed after the campaign, what the probes took out before it.
 - The example database is ``DIR/hypothesis-db`` (``DirectoryBasedExampleDatabase``): a rerun
   with the same DIR first replays what failed before.
 - ``seed`` fixes Hypothesis's random choices (``hypothesis.seed``), so the same seed, kernel
@@ -157,6 +161,27 @@ def draw_dtypes(capabilities: dict, device: str, requested: list[str] | None) ->
     return out
 
 
+def default_max_n(capabilities: dict, max_n: int) -> int:
+    """The default N cap, raised to the largest declared ``seq_multiple`` so that a kernel
+    taking only multiples of 128 still gets a campaign, and lowered to ``max_seqlen``."""
+    m = capabilities.get("seq_multiple", 1)
+    biggest = max(m.values()) if isinstance(m, dict) else int(m)
+    out = max(max_n, biggest)
+    top = capabilities.get("max_seqlen")
+    return min(out, top) if top is not None else out
+
+
+def domain_notes(capabilities: dict) -> list[str]:
+    """Lines for the campaign's header: what the probes took out of the domain, and the
+    probe shapes a kernel rejected while another shape ran (declare both, to skip them)."""
+    out = []
+    for key, why in (capabilities.get("probed_not_run") or {}).items():
+        out.append(f"probed, not run: {key}: {why} (undeclared; declare it in capabilities)")
+    for key, why in (capabilities.get("probe_rejected_cases") or {}).items():
+        out.append(f"probe shape rejected, {key} kept in the domain: {why}")
+    return out
+
+
 @dataclass
 class Campaign:
     """One campaign. ``kernel`` is not used (kept for callers): the workers resolve
@@ -196,7 +221,8 @@ class Campaign:
         from verify.supervise import ProbeCrashed, Supervisor
 
         dev = torch.device(self.device).type
-        if self.max_n is None:
+        default_n = self.max_n is None
+        if default_n:
             self.max_n = DEFAULT_MAX_N[dev]
         self.out = Path(self.out)
         self.sup = Supervisor(self.kernel_spec, self.device, case_timeout=self.case_timeout,
@@ -212,6 +238,8 @@ class Campaign:
                 caps = {}
             self.capabilities = caps
             self.draw_dtypes = draw_dtypes(caps, self.device, self.dtypes)
+            if default_n:
+                self.max_n = default_max_n(caps, self.max_n)
             from verify.strategies import cases
 
             # Built once here so bad bounds surface as a usage error before anything runs.
@@ -221,6 +249,8 @@ class Campaign:
             self.sup.close()
             raise
         self.calls = 0
+        # normalised reason -> [drawn cases the kernel did not run, first reason, distinct]
+        self.not_run: dict[str, list] = {}
         self.known: set[tuple] = set()
         self.causes: dict[tuple, dict] = {}  # root-cause signature -> its file and hits
         self.strays: list[tuple[Any, Any]] = []
@@ -235,6 +265,14 @@ class Campaign:
     def _observe(self, case: Any, verdict: Any) -> None:
         """Called with every verdict of the property (an extension point: the mutation
         self-test records them; verify/selftest.py)."""
+
+    def _count_not_run(self, reason: str) -> None:
+        """Group "not run" reasons that differ only in numbers (``Nq=37`` and ``Nq=9``)."""
+        from verify.supervise import normalise_message
+
+        entry = self.not_run.setdefault(normalise_message(reason), [0, reason, set()])
+        entry[0] += 1
+        entry[2].add(reason)
 
     def _property(self, bar: Progress, state: dict):
         from hypothesis import note, reject, target
@@ -263,6 +301,7 @@ class Campaign:
                 state["timeouts"] += 1
             bar.advance(case.short()[:60])
             if verdict.status == "not_run":
+                self._count_not_run(verdict.reason)
                 reject()
             ratio = error_ratio(verdict)
             target(min(ratio, TARGET_CAP) if math.isfinite(ratio) else TARGET_CAP,
@@ -591,6 +630,8 @@ class Campaign:
                  else f"; database {self.out / 'hypothesis-db'}")
               + ("; case timeout " + (f"{self.case_timeout:g} s" if self.case_timeout
                                       else "auto")))
+        for line in domain_notes(self.capabilities):
+            print(f"fuzz: {line}")
         round_no = 0
         interrupted = False
         state: dict = {}
@@ -656,6 +697,14 @@ class Campaign:
               + f"; {len(self.found)} distinct failure(s)"
               + (f" in {self.out / 'failures'}" if self.found else "")
               + f"; {self.sup.started} worker process(es)")
+        if self.not_run:
+            n = sum(e[0] for e in self.not_run.values())
+            print(f"fuzz: {n} drawn case(s) not run (the kernel rejected them, or its declared "
+                  f"supports() did); declare these in its capabilities (docs/contracts.md "
+                  f"§2) so the campaign draws inside them:")
+            for count, why, seen in sorted(self.not_run.values(), key=lambda e: -e[0])[:10]:
+                more = f" (and {len(seen) - 1} more like it)" if len(seen) > 1 else ""
+                print(f"  {count} x not run: {why}{more}")
         return 1 if self.found else 0
 
 

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from hypothesis import note
 from hypothesis import strategies as st
 
+from verify.capabilities import KEYS, backward_declared, check_capabilities, seq_multiple
 from verify.cases import DTYPES, LAYOUTS, MASK_SHAPES, MAX_HEAD_DIM, SEED_LIMIT, Case
 from verify.distributions import DIST_KINDS, GRAD_DIST_KINDS
 
@@ -79,6 +80,16 @@ def _cap(capabilities, key: str):
     return getattr(capabilities, key, None)
 
 
+def _caps_dict(capabilities) -> dict:
+    """A validated capabilities dict (verify.capabilities) from a mapping or an object."""
+    if capabilities is None:
+        return {}
+    if not isinstance(capabilities, Mapping):
+        capabilities = {k: getattr(capabilities, k) for k in (*KEYS, "probed_not_run")
+                        if getattr(capabilities, k, None) is not None}
+    return check_capabilities(capabilities)
+
+
 def restrict(features: Iterable[str], capabilities) -> frozenset[str]:
     """The subset of ``features`` a kernel with ``capabilities`` can be given.
 
@@ -87,7 +98,8 @@ def restrict(features: Iterable[str], capabilities) -> frozenset[str]:
     - ``window`` needs the ``"window"`` extension or some mask kind (the harness then
       expresses the window through ``attn_mask``); ``bottom_right`` likewise needs the
       ``"causal_alignment"`` extension or a mask kind;
-    - ``mask_broadcast`` False, ``gqa`` False remove those features.
+    - ``mask_broadcast`` False, ``gqa`` False remove those features;
+    - ``same_seqlen`` True removes uneven_n.
 
     A key that is absent means "probe" and removes nothing (``extensions`` defaults to ()).
     """
@@ -111,6 +123,8 @@ def restrict(features: Iterable[str], capabilities) -> frozenset[str]:
         out.discard("mask_broadcast")
     if _cap(capabilities, "gqa") is False:
         out.discard("gqa")
+    if _cap(capabilities, "same_seqlen"):
+        out.discard("uneven_n")
     if "bias" not in out:
         out.discard("neginf_first_tile")
     return frozenset(out)
@@ -148,6 +162,18 @@ def _check_choice(name: str, values, allowed: tuple[str, ...]) -> tuple[str, ...
 
 def _head_dim_strategy(head_dims, cap_range) -> st.SearchStrategy[int]:
     lo, hi = 1, MAX_HEAD_DIM
+    if isinstance(cap_range, frozenset):  # declared set of allowed head dims
+        dims = sorted(cap_range)
+        if head_dims is not None:
+            if isinstance(head_dims, (str, bytes)) or not isinstance(head_dims, Iterable):
+                raise ValueError(f"head_dims must be None or a collection of ints in "
+                                 f"[1, {MAX_HEAD_DIM}], got {head_dims!r}")
+            want = {_check_int("head_dims[]", d, 1, MAX_HEAD_DIM) for d in head_dims}
+            dims = [d for d in dims if d in want]
+            if not dims:
+                raise ValueError(f"head_dims {sorted(want)} has none inside "
+                                 f"capabilities['head_dims'] = {sorted(cap_range)}")
+        return st.sampled_from(dims)  # smallest first: shrinks toward it
     if cap_range is not None:
         try:
             lo, hi = max(lo, int(cap_range[0])), min(hi, int(cap_range[1]))
@@ -221,9 +247,16 @@ def _dist(draw, kinds: tuple[str, ...], params: dict) -> dict:
     return {"kind": kind, **options[draw(st.integers(0, _PARAM_SLOTS - 1)) % len(options)]}
 
 
+def _seq_len(max_n: int, multiple: int) -> st.SearchStrategy[int]:
+    """N in [1, max_n] drawn as k x multiple (k >= 1), so it shrinks to the multiple."""
+    if multiple == 1:
+        return st.integers(1, max_n)
+    return st.integers(1, max_n // multiple).map(lambda k: k * multiple)
+
+
 @st.composite
 def _draw_case(draw, *, dtypes, max_n, head_dim, max_batch, max_heads, features, backward,
-               layouts, dists, grad_dists) -> Case:
+               layouts, dists, grad_dists, caps) -> Case:
     f = features
     dtype = draw(st.sampled_from(dtypes))
     D = draw(head_dim)
@@ -245,11 +278,14 @@ def _draw_case(draw, *, dtypes, max_n, head_dim, max_batch, max_heads, features,
     if (is_causal or window is not None) and "bottom_right" in f and draw(
             st.integers(0, 2)) > 0:  # 2 in 3: bottom-right is where Nq != Nk bites
         alignment = "bottom_right"
-    Nq = draw(st.integers(1, max_n))
+    # Inside the declared sequence rules by construction: N = k x the multiple for this
+    # causality (no draw is rejected); same_seqlen has removed "uneven_n".
+    n_strategy = _seq_len(max_n, seq_multiple(caps, is_causal))
+    Nq = draw(n_strategy)
     # Nq != Nk in 1 of 2 cases, 3 of 4 under bottom-right alignment (0 shrinks to Nk = Nq).
     uneven = "uneven_n" in f and draw(
         st.integers(0, 3 if alignment == "bottom_right" else 1)) > 0
-    Nk = draw(st.integers(1, max_n)) if uneven else Nq
+    Nk = draw(n_strategy) if uneven else Nq
     layout = draw(st.sampled_from(layouts))
 
     kinds = ["none"] + [k for k, feat in _MASK_FEATURE.items() if feat in f]
@@ -278,6 +314,8 @@ def _draw_case(draw, *, dtypes, max_n, head_dim, max_batch, max_heads, features,
     elif kind == "dead_rows":
         mask["rows"] = draw(_fraction(shrink_to_one=False))
 
+    if backward:  # declared per dtype ({dtype: bool}) or "causal_only"; undeclared: asked
+        backward = backward_declared(caps, dtype, is_causal) is not False
     scale = None
     if "custom_scale" in f and draw(st.booleans()):
         scale = draw(st.one_of(st.sampled_from([0.5, 1.0, 2.0, 0.01]),
@@ -321,11 +359,17 @@ def cases(
     - ``features``: what may be drawn (``ALL_FEATURES``, plus opt-in ``"tf32"``).
     - ``backward``: the cases ask for gradient checks (and draw a dO distribution).
     - ``layouts``, ``distributions``, ``grad_distributions``: allowed kinds.
-    - ``capabilities``: a kernel's capability mapping (or object); draws stay inside its
-      dtypes, head dims, mask kinds, extensions, GQA and backward (see :func:`restrict`).
+    - ``capabilities``: a kernel's capability mapping (or object), validated by
+      :func:`verify.capabilities.check_capabilities`; draws stay inside its dtypes, head
+      dims (range or set), mask kinds, extensions, GQA, backward (per dtype, or causal cases
+      only), layouts and sequence rules (see :func:`restrict`). The rules are drawn by
+      construction, never by rejection: N = k x ``seq_multiple`` (the causal or non-causal
+      one, by the case's ``is_causal``), Nk = Nq under ``same_seqlen``, N <= ``max_seqlen``.
+      ``supports`` (a callable) cannot be drawn inside; cases it refuses are not run.
 
     Raises ValueError naming the argument on bad bounds, including bounds that the
-    capabilities leave empty.
+    capabilities leave empty (e.g. ``max_n`` below the declared ``seq_multiple``), and
+    naming the key on a bad capabilities entry.
     """
     dtypes = _check_choice("dtypes", dtypes, tuple(DTYPES))
     max_n = _check_int("max_n", max_n, 1, MAX_N)
@@ -336,22 +380,37 @@ def cases(
     layouts = _check_choice("layouts", layouts, LAYOUTS)
     dists = _check_choice("distributions", distributions, DIST_KINDS)
     grad_dists = _check_choice("grad_distributions", grad_distributions, GRAD_DIST_KINDS)
-    features = restrict(features, capabilities)
-    cap_dtypes = _cap(capabilities, "dtypes")
+    caps = _caps_dict(capabilities)
+    features = restrict(features, caps)
+    cap_dtypes = caps.get("dtypes")
     if cap_dtypes is not None:
         dtypes = tuple(d for d in dtypes if d in tuple(cap_dtypes))
         if not dtypes:
             raise ValueError(f"dtypes: none of the requested dtypes is in capabilities['dtypes']"
                              f" = {list(cap_dtypes)}")
-    if _cap(capabilities, "backward") is False:
+    if caps.get("backward") is False:
         backward = False
-    head_dim = _head_dim_strategy(head_dims, _cap(capabilities, "head_dims"))
+    head_dim = _head_dim_strategy(head_dims, caps.get("head_dims"))
+    if caps.get("layouts") is not None:
+        layouts = tuple(x for x in layouts if x in caps["layouts"])
+        if not layouts:
+            raise ValueError(f"layouts: none of the requested layouts is in "
+                             f"capabilities['layouts'] = {list(caps['layouts'])}")
+    if caps.get("max_seqlen") is not None:
+        max_n = min(max_n, caps["max_seqlen"])
+    multiples = {seq_multiple(caps, False)}
+    if "causal" in features:
+        multiples.add(seq_multiple(caps, True))
+    if max(multiples) > max_n:
+        raise ValueError(f"max_n = {max_n} leaves no sequence length that is a multiple of "
+                         f"capabilities['seq_multiple'] = {caps['seq_multiple']!r}; raise "
+                         f"max_n to at least {max(multiples)}")
     # Plain first, so a failing case shrinks toward it; the caller's order otherwise.
     dists = tuple(sorted(dists, key=lambda k: k != "normal"))
     grad_dists = tuple(sorted(grad_dists, key=lambda k: k != "normal"))
     return _draw_case(dtypes=dtypes, max_n=max_n, head_dim=head_dim, max_batch=max_batch,
                       max_heads=max_heads, features=features, backward=backward,
-                      layouts=layouts, dists=dists, grad_dists=grad_dists)
+                      layouts=layouts, dists=dists, grad_dists=grad_dists, caps=caps)
 
 
 def features_of(case: Case) -> frozenset[str]:
