@@ -189,14 +189,17 @@ def test_gqa_with_several_kv_heads_and_uneven_bottom_right_are_common():
     """The head-mapping bug needs Hkv > 1 and Hq / Hkv > 1; the alignment bug needs
     bottom-right structure with Nq != Nk. Each must be drawn often enough that a 200-example
     campaign meets it many times (expected shares: 2/3 * 1/2 * P(group >= 2) ~ 30% and
-    3/4 * 2/3 * 3/4 ~ 38%; asserted with a wide margin)."""
-    drawn = _draws(300)
+    3/4 * 2/3 * 3/4 ~ 38%). Hypothesis's draws are not independent (it mutates earlier
+    examples), and even derandomized they depend on the process's state: the shares measured
+    0.21-0.34 and 0.13-0.30 over 300-600 draws depending on which modules a test session had
+    imported. So 600 draws, and a floor of 10% each: 20 per 200-example campaign."""
+    drawn = _draws(600)
     gqa = [c for c in drawn if c.Hkv > 1 and c.Hq // c.Hkv > 1]
     br = [c for c in drawn if c.causal_alignment == "bottom_right" and c.Nq != c.Nk
           and (c.is_causal or c.window is not None)]
-    assert len(gqa) >= 0.15 * len(drawn), len(gqa)
+    assert len(gqa) >= 0.10 * len(drawn), len(gqa)
     assert {(c.Hkv, c.Hq // c.Hkv) for c in gqa} >= {(2, 2), (3, 2), (2, 3)}
-    assert len(br) >= 0.2 * len(drawn), len(br)
+    assert len(br) >= 0.10 * len(drawn), len(br)
 
 
 # -- fixed sweeps ---------------------------------------------------------------------------
