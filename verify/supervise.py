@@ -346,6 +346,14 @@ def _stack_text(dump: str, limit: int = 12) -> str:
     return "\n".join(keep)
 
 
+def _recv(w: _Worker):
+    """The worker's next message, or None when its end of the pipe is gone (it died)."""
+    try:
+        return w.conn.recv()
+    except (EOFError, OSError):
+        return None
+
+
 class Supervisor:
     """Runs cases in supervised worker processes (module docstring).
 
@@ -419,10 +427,7 @@ class Supervisor:
                 raise SupervisorError(f"a worker for {self.spec!r} did not start within "
                                       f"{START_TIMEOUT_S:g} s")
             if w.conn.poll(min(left, POLL_S)):
-                try:
-                    msg = w.conn.recv()
-                except (EOFError, OSError):
-                    msg = None
+                msg = _recv(w)
                 if msg is None:
                     why = w.exit_text()
                     raise SupervisorError(f"the worker for {self.spec!r} died while starting "
@@ -505,10 +510,7 @@ class Supervisor:
         end = time.perf_counter() + self.timeout()
         while True:
             if w.conn.poll(POLL_S):
-                try:
-                    msg = w.conn.recv()
-                except (EOFError, OSError):
-                    msg = None
+                msg = _recv(w)
                 if msg is None:
                     why = w.exit_text()
                     self._kill(w)
@@ -622,10 +624,7 @@ class Supervisor:
                     # A worker that exits right after its last message (a poisoned one) has
                     # the message in the pipe: read it before calling the exit a crash.
                     if w.conn in ready or (not alive and w.conn.poll(0)):
-                        try:
-                            msg = w.conn.recv()
-                        except (EOFError, OSError):
-                            msg = None
+                        msg = _recv(w)
                     elif not alive:
                         msg = None
                     elif time.perf_counter() > w.t0 + w.limit:
