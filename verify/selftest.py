@@ -111,6 +111,7 @@ class SelfTest:
     command: str
     versions: dict
     examples: int = DEFAULT_EXAMPLES
+    control_examples: int | None = None  # None: controls boxed by time
     kills: list[KillRow] = field(default_factory=list)
     controls: list[ControlRow] = field(default_factory=list)
     wall_s: float = 0.0
@@ -135,7 +136,8 @@ class SelfTest:
     def to_dict(self) -> dict:
         return {
             "command": self.command, "device": self.device, "seed": self.seed,
-            "budget_s": self.budget_s, "examples": self.examples, "wall_s": self.wall_s,
+            "budget_s": self.budget_s, "examples": self.examples,
+            "control_examples": self.control_examples, "wall_s": self.wall_s,
             "versions": self.versions,
             "summary": {"mutants": len(self.kills), "killed": self.n_killed,
                         "median_time_to_kill_s": self.median_kill_s,
@@ -228,19 +230,34 @@ def _merge(before: CampaignResult | None, res: CampaignResult) -> CampaignResult
     return res
 
 
+def _control_campaign(args: tuple) -> CampaignResult:
+    """One control's campaign in a pool process (``run_selftest(jobs=...)``)."""
+    spec, device, kw = args
+    return run_campaign(spec, device, **kw)
+
+
 def run_selftest(*, device: str, budget_s: float, seed: int, out: Path,
                  examples: int = DEFAULT_EXAMPLES, only: list[str] | None = None,
                  controls: bool = True, command: str = "flashcheck mutants",
+                 mutants: bool = True, control_examples: int | None = None, jobs: int = 1,
                  echo=print) -> SelfTest:
-    """Run the kill table, then the false-alarm table (see the module docstring)."""
+    """Run the kill table, then the false-alarm table (see the module docstring).
+
+    ``mutants=False``: the false-alarm table only. ``control_examples``: box each control's
+    campaign by this many examples instead of a share of ``budget_s`` (then ``budget_s``
+    does not bound the controls). ``jobs``: control campaigns run this many at a time, each
+    in its own process (the mutants always run one at a time)."""
     from verify import report as R
     from verify.controls import CONTROLS
     from verify.mutants import CATALOGUE, by_name
 
-    mutants = [by_name(n) for n in only] if only else list(CATALOGUE)
+    if not mutants:
+        mutants = []
+    else:
+        mutants = [by_name(n) for n in only] if only else list(CATALOGUE)
     ctrls = list(CONTROLS) if controls else []
     st = SelfTest(device=device, seed=seed, budget_s=budget_s, command=command,
-                  versions=R.versions(), examples=examples)
+                  versions=R.versions(), examples=examples, control_examples=control_examples)
     for name in [m.name for m in mutants] + [c.name for c in ctrls]:
         shutil.rmtree(out / name, ignore_errors=True)  # this run's logs and case files only
     started = time.monotonic()
@@ -265,14 +282,33 @@ def run_selftest(*, device: str, budget_s: float, seed: int, out: Path,
                       result=res)
         st.kills.append(row)
         echo(_kill_line(row))
-    for i, c in enumerate(ctrls):
-        box = (started + budget_s - time.monotonic()) / (len(ctrls) - i)
-        res = run_campaign(c.spec, device, seconds=max(box, MIN_BOX_S), seed=seed,
-                           out=out / c.name)
-        row = ControlRow(c.name, c.what, passed=res.first_fail_s is None and not res.error,
-                         result=res)
-        st.controls.append(row)
-        echo(_control_line(row))
+    if control_examples is not None or jobs > 1:
+        # Boxed by examples, or time boxes of equal share: independent campaigns, run side
+        # by side in fresh processes (forkserver: no CUDA state or threads inherited).
+        import concurrent.futures as cf
+        import multiprocessing as mp
+
+        left = started + budget_s - time.monotonic()
+        box = max(left * min(jobs, len(ctrls) or 1) / (len(ctrls) or 1), MIN_BOX_S)
+        kw = (dict(examples=control_examples) if control_examples is not None
+              else dict(seconds=box))
+        tasks = [(c.spec, device, dict(kw, seed=seed, out=out / c.name)) for c in ctrls]
+        with cf.ProcessPoolExecutor(max_workers=max(1, jobs),
+                                    mp_context=mp.get_context("forkserver")) as pool:
+            for c, res in zip(ctrls, pool.map(_control_campaign, tasks)):
+                row = ControlRow(c.name, c.what,
+                                 passed=res.first_fail_s is None and not res.error, result=res)
+                st.controls.append(row)
+                echo(_control_line(row))
+    else:
+        for i, c in enumerate(ctrls):
+            box = (started + budget_s - time.monotonic()) / (len(ctrls) - i)
+            res = run_campaign(c.spec, device, seconds=max(box, MIN_BOX_S), seed=seed,
+                               out=out / c.name)
+            row = ControlRow(c.name, c.what, passed=res.first_fail_s is None and not res.error,
+                             result=res)
+            st.controls.append(row)
+            echo(_control_line(row))
     st.wall_s = time.monotonic() - started
     return st
 
@@ -326,6 +362,8 @@ def render_markdown(st: SelfTest) -> str:
         "```",
         "",
         f"Device `{st.device}`, seed {st.seed}, {st.examples} examples per mutant campaign, "
+        + (f"{st.control_examples} examples per control campaign, "
+           if st.control_examples else "") +
         f"budget {st.budget_s:g} s, wall "
         f"{st.wall_s:.0f} s; " + ", ".join(f"{k} {v}" for k, v in st.versions.items()) + ".",
         "",
@@ -401,6 +439,13 @@ def _parser() -> argparse.ArgumentParser:
                    "under docs/")
     p.add_argument("--only", action="append", metavar="MUTANT",
                    help="run only this mutant (repeatable); skips the controls")
+    p.add_argument("--controls-only", action="store_true",
+                   help="run only the controls (the false-alarm table)")
+    p.add_argument("--control-examples", type=int, default=None, metavar="N",
+                   help="box each control's campaign by N examples instead of time "
+                        "(--budget-s then bounds the mutants only)")
+    p.add_argument("--jobs", type=int, default=1, metavar="J",
+                   help="control campaigns run J at a time, one process each (default 1)")
     return p
 
 
@@ -419,6 +464,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.examples < 1:
         print(f"flashcheck mutants: --examples must be >= 1, got {args.examples}",
+              file=sys.stderr)
+        return 2
+    if args.control_examples is not None and args.control_examples < 1:
+        print(f"flashcheck mutants: --control-examples must be >= 1, got "
+              f"{args.control_examples}", file=sys.stderr)
+        return 2
+    if args.jobs < 1:
+        print(f"flashcheck mutants: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
+        return 2
+    if args.controls_only and args.only:
+        print("flashcheck mutants: --only and --controls-only exclude each other",
               file=sys.stderr)
         return 2
     import torch
@@ -445,7 +501,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"mutants: {device}, budget {args.budget_s:g} s, seed {args.seed}, out {out}")
     st = run_selftest(device=device, budget_s=args.budget_s, seed=args.seed, out=out,
                       examples=args.examples, only=args.only, controls=not args.only,
-                      command=command)
+                      command=command, mutants=not args.controls_only,
+                      control_examples=args.control_examples, jobs=args.jobs)
     paths = write_outputs(st, out, write_docs=args.write_docs)
     med = st.median_kill_s
     print(f"mutants: {st.n_killed}/{len(st.kills)} killed"
