@@ -25,9 +25,10 @@ ORDERS = ("fa2", "fa1")
 PRECISIONS = ("exact", "emulate")
 # The implementation choices of ``online_attention`` (reference/online.py); first = default.
 GQA_REDUCES = ("per_head_fp32", "group_fp32", "per_head_rounded", "expand_autograd")
-SCALE_ATS = ("scores", "q", "exp2", "q_exp2")
+SCALE_ATS = ("scores", "q", "exp2", "q_exp2", "exp2_fma")
 OPERAND_PRECISIONS = ("input", "fp32")
 DS_SCALES = ("after_round", "before_round")
+NORMALIZES = ("divide", "reciprocal")
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ FAMILY: dict[str, dict] = {
     "fa2_64x32": dict(block_m=64, block_n=32),
     "fa1_order": dict(_BASE, order="fa1"),
     "exp2_folded": dict(_BASE, scale_at="exp2"),
+    "fa2_cuda_softmax": dict(_BASE, scale_at="exp2_fma", normalize="reciprocal"),
     "q_prescaled": dict(_BASE, scale_at="q"),
     "q_exp2_prescaled": dict(_BASE, scale_at="q_exp2"),
     "p_ds_fp32": dict(_BASE, p_precision="fp32", ds_precision="fp32"),
@@ -62,6 +63,12 @@ FAMILY_NOTES: dict[str, str] = {
                  "Algorithm 1)",
     "exp2_folded": "scale·log2(e) folded into one fp32 constant, exp2 (FlashAttention-2/3 "
                    "softmax_scale_log2, the Triton tutorial's qk_scale = sm_scale * 1.44269504)",
+    "fa2_cuda_softmax": "the softmax of FlashAttention-2's CUDA kernels (softmax.h): "
+                        "scale·log2(e) fused into the exponent, P = exp2(S·c − m·c) as one "
+                        "FFMA of the raw score ('allows the compiler to use the ffma "
+                        "instruction'), so P of a row's max key is not exactly 1; and "
+                        "O = acc · (1/ℓ). Triton kernels whose qk * qk_scale - m is "
+                        "contracted into an FMA make the first choice",
     "q_prescaled": "Q·scale rounded to the input dtype before QKᵀ (Triton kernels that do "
                    "q = (q * sm_scale).to(q.dtype) with exp)",
     "q_exp2_prescaled": "Q·(scale·log2 e) rounded to the input dtype, exp2 (Triton 2.x tutorial "
@@ -176,7 +183,7 @@ def run_family(
             bm, bn, order, sw = _split(name, kw)
             ar = _make_arith(query.dtype, "emulate", **sw)
             fkey = (bm, bn, order, sw["scale_at"], sw["p_precision"], sw["flush_subnormals"],
-                    sw["tf32"])
+                    sw["tf32"], sw["normalize"])
             if fkey not in fwd_cache:
                 fwd_cache[fkey] = _run_forward(
                     ar, p, query, key, value, attn_mask, order, bm, bn

@@ -53,6 +53,7 @@ import torch
 from ._validate import (
     DS_SCALES,
     GQA_REDUCES,
+    NORMALIZES,
     OPERAND_PRECISIONS,
     ORDERS,
     PRECISIONS,
@@ -98,29 +99,31 @@ def online_lse_step(m, l, x):
     return m_new, alpha * l + beta
 
 
-def tile_step_fa2(m, l, s, exp=torch.exp):
+def tile_step_fa2(m, l, s, exp=torch.exp, p_of=None):
     """FlashAttention-2 tile update of (m, ℓ) with a tile of scores ``s`` (..., rows, cols).
 
     The recurrence of ``online_lse_step`` with x = the tile's row max and the tile's row sum
     taken in the new frame: m' = max(m, rowmax s), p = e^(s−m'), ℓ' = ℓ·e^(m−m') + rowsum p.
-    Returns (m', ℓ', α = e^(m−m'), p). ``exp``: as in ``_rescale``.
+    Returns (m', ℓ', α = e^(m−m'), p). ``exp``: as in ``_rescale``; ``p_of``: optional,
+    shift (..., rows, 1) -> p, for kernels that form p other than as exp(s − shift).
     """
     m_new, alpha, _ = _rescale(m, s.amax(dim=-1), exp)
     shift = torch.where(m_new == -torch.inf, torch.zeros_like(m_new), m_new)
-    p = exp(s - shift.unsqueeze(-1))
+    p = p_of(shift.unsqueeze(-1)) if p_of else exp(s - shift.unsqueeze(-1))
     return m_new, alpha * l + p.sum(dim=-1), alpha, p
 
 
-def tile_step_fa1(m, l, s, exp=torch.exp):
+def tile_step_fa1(m, l, s, exp=torch.exp, p_of=None):
     """FlashAttention-1 tile update: the recurrence with the block max and block sum.
 
     m̃ = rowmax s, p̃ = e^(s−m̃), ℓ̃ = rowsum p̃; then m' = max(m, m̃) and
     ℓ' = ℓ·e^(m−m') + ℓ̃·e^(m̃−m') (``online_lse_step`` is the case ℓ̃ = 1).
-    Returns (m', ℓ', α = e^(m−m'), β = e^(m̃−m'), p̃). ``exp``: as in ``_rescale``.
+    Returns (m', ℓ', α = e^(m−m'), β = e^(m̃−m'), p̃). ``exp``, ``p_of``: as in
+    ``tile_step_fa2``.
     """
     m_blk = s.amax(dim=-1)
     shift = torch.where(m_blk == -torch.inf, torch.zeros_like(m_blk), m_blk)
-    p = exp(s - shift.unsqueeze(-1))
+    p = p_of(shift.unsqueeze(-1)) if p_of else exp(s - shift.unsqueeze(-1))
     m_new, alpha, beta = _rescale(m, m_blk, exp)
     return m_new, alpha * l + beta * p.sum(dim=-1), alpha, beta, p
 
@@ -161,6 +164,7 @@ class _Arith:
         self, dtype: torch.dtype, precision: str, *, gqa_reduce: str = "per_head_fp32",
         flush_subnormals: bool = False, scale_at: str = "scores", p_precision: str = "input",
         ds_precision: str = "input", ds_scale: str = "after_round", tf32: bool = False,
+        normalize: str = "divide",
     ):
         if precision == "exact":
             self.operand = self.acc = torch.float64
@@ -171,7 +175,9 @@ class _Arith:
         self.group_acc = gqa_reduce == "group_fp32"
         self.flush = flush_subnormals
         self.scale_at = scale_at
-        self.base2 = scale_at in ("exp2", "q_exp2")
+        self.base2 = scale_at in ("exp2", "q_exp2", "exp2_fma")
+        self.fused = scale_at == "exp2_fma"
+        self.reciprocal = normalize == "reciprocal"
         self.round_p = p_precision == "input"
         self.round_ds = ds_precision == "input"
         self.ds_before_round = ds_scale == "before_round"
@@ -208,6 +214,21 @@ class _Arith:
         """e^x, or 2^x when the scores are in log2 units (``scale_at="exp2"``); flushed."""
         return self.ftz(torch.exp2(x) if self.base2 else torch.exp(x))
 
+    def exp_minus(self, s: torch.Tensor, fused, shift: torch.Tensor) -> torch.Tensor:
+        """P = exp(s − shift) for a tile of scores ``s`` (see ``exp``). With
+        ``scale_at="exp2_fma"`` and ``fused`` (the exact products QKᵀ·c in float64, from
+        ``_scores``), 2^(QKᵀ·c − shift) with the exponent rounded once: an FFMA of the raw
+        score, the constant and the negated shift, never the rounded scaled score."""
+        if fused is None:
+            return self.exp(s - shift)
+        return self.ftz(torch.exp2((fused - shift.to(torch.float64)).to(self.acc)))
+
+    def normalize(self, acc: torch.Tensor, l: torch.Tensor) -> torch.Tensor:
+        """acc / ℓ (``normalize="divide"``), or acc · fl(1/ℓ) (``"reciprocal"``); ℓ is
+        broadcast over the last dim of acc."""
+        l = l.unsqueeze(-1)
+        return acc * (1 / l) if self.reciprocal else acc / l
+
     def log(self, x: torch.Tensor) -> torch.Tensor:
         """The inverse of ``exp``."""
         return torch.log2(x) if self.base2 else torch.log(x)
@@ -236,15 +257,24 @@ def _ieee_fp32_matmul():
 
 def _scores(ar: _Arith, p: Problem, qi, kj, attn_mask, rows, cols):
     """Scaled, masked scores of one tile in the accumulator dtype (in log2 units, i.e.
-    times log2(e), when ``scale_at="exp2"``)."""
+    times log2(e), when ``scale_at`` is a base-2 choice), and ``fused``: for
+    ``scale_at="exp2_fma"`` without an additive bias, the exact products QKᵀ·c in float64
+    (−inf where masked) that ``_Arith.exp_minus`` fuses with the shift; else None."""
     # One accumulator-dtype constant scale·log2(e) in base 2 (FlashAttention-2/3, Triton).
     c = torch.tensor(p.scale * LOG2E, dtype=ar.acc).item() if ar.base2 else p.scale
     if ar.scale_at in ("q", "q_exp2"):
         s = ar.mm(ar.rnd(qi * c), kj.transpose(-2, -1))
+    elif ar.fused:
+        # The raw score times c, in float64: exact for fp32 scores (24 + 24 bits < 53);
+        # the rounded product is the scaled score that the row max is taken of.
+        fused = ar.mm(qi, kj.transpose(-2, -1)).to(torch.float64) * c
+        s = fused.to(ar.acc)
     elif ar.base2:
         s = ar.mm(qi, kj.transpose(-2, -1)) * c
     else:
         s = ar.mm(qi, kj.transpose(-2, -1)) * p.scale
+    if not ar.fused:
+        fused = None
     s = ar.ftz(s)
     allowed, bias = combined_mask(
         attn_mask, (p.B, p.Hq, p.Nq, p.Nk), is_causal=p.is_causal,
@@ -253,19 +283,22 @@ def _scores(ar: _Arith, p: Problem, qi, kj, attn_mask, rows, cols):
     )
     if bias is not None:
         s = s + (bias.to(ar.acc) * LOG2E if ar.base2 else bias.to(ar.acc))
-    return s.masked_fill(~allowed, -torch.inf)
+        fused = None
+    if fused is not None:
+        fused = fused.masked_fill(~allowed, -torch.inf)
+    return s.masked_fill(~allowed, -torch.inf), fused
 
 
 def _tiles(n: int, block: int):
     return [(a, min(a + block, n)) for a in range(0, n, block)]
 
 
-def _finish(acc_o, m, l, log=torch.log):
+def _finish(ar, acc_o, m, l):
     """O = acc/ℓ and lse = m + log ℓ, with 0 and −inf on rows that saw no key."""
     live = l > 0
     l_safe = torch.where(live, l, torch.ones_like(l))
-    out = torch.where(live.unsqueeze(-1), acc_o / l_safe.unsqueeze(-1), torch.zeros_like(acc_o))
-    lse = torch.where(live, m + log(l_safe), torch.full_like(l, -torch.inf))
+    out = torch.where(live.unsqueeze(-1), ar.normalize(acc_o, l_safe), torch.zeros_like(acc_o))
+    lse = torch.where(live, m + ar.log(l_safe), torch.full_like(l, -torch.inf))
     return out, lse
 
 
@@ -282,11 +315,12 @@ def _forward_fa2(ar, p, q, k, v, attn_mask, bm, bn):
         l = torch.zeros_like(m)
         acc_o = torch.zeros(p.B, p.Hq, r, p.D, dtype=ar.acc, device=q.device)
         for cols in _tiles(p.Nk, bn):
-            s = _scores(ar, p, qi, k[:, :, cols[0]:cols[1]], attn_mask, rows, cols)
-            m, l, alpha, pt = tile_step_fa2(m, l, s, ar.exp)
+            s, fused = _scores(ar, p, qi, k[:, :, cols[0]:cols[1]], attn_mask, rows, cols)
+            m, l, alpha, pt = tile_step_fa2(
+                m, l, s, ar.exp, lambda sh, s=s, f=fused: ar.exp_minus(s, f, sh))
             acc_o = acc_o * alpha.unsqueeze(-1) + ar.mm(ar.rnd_p(pt), v[:, :, cols[0]:cols[1]])
             acc_o = ar.ftz(acc_o)
-        out[:, :, rows[0]:rows[1]], lse[:, :, rows[0]:rows[1]] = _finish(acc_o, m, l, ar.log)
+        out[:, :, rows[0]:rows[1]], lse[:, :, rows[0]:rows[1]] = _finish(ar, acc_o, m, l)
     return out, lse
 
 
@@ -299,13 +333,15 @@ def _forward_fa1(ar, p, q, k, v, attn_mask, bm, bn):
         for rows in _tiles(p.Nq, bm):
             sl = slice(rows[0], rows[1])
             oi, mi, li = o_hbm[:, :, sl], m_hbm[:, :, sl], l_hbm[:, :, sl]
-            s = _scores(ar, p, q[:, :, sl], kj, attn_mask, rows, cols)
-            m_new, l_new, alpha, beta, pt = tile_step_fa1(mi, li, s, ar.exp)
+            s, fused = _scores(ar, p, q[:, :, sl], kj, attn_mask, rows, cols)
+            m_new, l_new, alpha, beta, pt = tile_step_fa1(
+                mi, li, s, ar.exp, lambda sh, s=s, f=fused: ar.exp_minus(s, f, sh))
             pv = ar.mm(ar.rnd_p(pt), vj)
             num = (li * alpha).unsqueeze(-1) * oi + beta.unsqueeze(-1) * pv
             live = (l_new > 0).unsqueeze(-1)
-            l_safe = torch.where(l_new > 0, l_new, torch.ones_like(l_new)).unsqueeze(-1)
-            o_hbm[:, :, sl] = ar.ftz(torch.where(live, num / l_safe, torch.zeros_like(num)))
+            l_safe = torch.where(l_new > 0, l_new, torch.ones_like(l_new))
+            o_hbm[:, :, sl] = ar.ftz(torch.where(live, ar.normalize(num, l_safe),
+                                                 torch.zeros_like(num)))
             m_hbm[:, :, sl], l_hbm[:, :, sl] = m_new, l_new
     live = l_hbm > 0
     l_safe = torch.where(live, l_hbm, torch.ones_like(l_hbm))
@@ -355,8 +391,8 @@ def _backward_fa2(ar, p, q, k, v, attn_mask, out, lse, dout, bm, bn, want_dbias)
         for rows in _tiles(p.Nq, bm):
             rs = slice(rows[0], rows[1])
             qi, do_i = q[:, :, rs], do[:, :, rs]
-            s = _scores(ar, p, qi, kj, attn_mask, rows, cols)
-            pt = ar.exp(s - lse_shift[:, :, rs].unsqueeze(-1))
+            s, fused = _scores(ar, p, qi, kj, attn_mask, rows, cols)
+            pt = ar.exp_minus(s, fused, lse_shift[:, :, rs].unsqueeze(-1))
             dv_j = _kv_accumulate(ar, p, dv_j, ar.rnd_p(pt), do_i)
             dp = ar.mm(do_i, vj.transpose(-2, -1))
             ds = ar.ftz(pt * (dp - delta[:, :, rs].unsqueeze(-1)))
@@ -564,6 +600,7 @@ class _OnlineAttention(torch.autograd.Function):
 SWITCH_DEFAULTS = dict(
     gqa_reduce="per_head_fp32", flush_subnormals=False, scale_at="scores",
     p_precision="input", ds_precision="input", ds_scale="after_round", tf32=False,
+    normalize="divide",
 )
 
 
@@ -584,6 +621,7 @@ def _make_arith(dtype, precision, **switches) -> _Arith:
         ds_precision=check_choice("ds_precision", sw["ds_precision"], OPERAND_PRECISIONS),
         ds_scale=check_choice("ds_scale", sw["ds_scale"], DS_SCALES),
         tf32=check_flag("tf32", sw["tf32"]),
+        normalize=check_choice("normalize", sw["normalize"], NORMALIZES),
     )
     if ar.tf32 and (dtype != torch.float32 or precision != "emulate"):
         raise ValueError(
@@ -599,6 +637,7 @@ def online_attention(
     window=None, causal_alignment="top_left", return_lse=False,
     gqa_reduce="per_head_fp32", flush_subnormals=False, scale_at="scores",
     p_precision="input", ds_precision="input", ds_scale="after_round", tf32=False,
+    normalize="divide",
 ):
     """Blocked online-softmax attention (contracts.md §1), FA2 or FA1 loop order.
 
@@ -627,7 +666,10 @@ def online_attention(
       rounded to the input dtype before the product; ``"exp2"`` S = (Q Kᵀ)·c with the
       single constant c = fl(scale·log2 e), softmax in base 2 (m, ℓ, exp2, lse in log2
       units; the returned lse is converted back to natural units); ``"q_exp2"`` Q·c
-      rounded to the input dtype before the product, softmax in base 2. The scale
+      rounded to the input dtype before the product, softmax in base 2; ``"exp2_fma"``
+      base 2 with the scale fused into the exponent: m is the max of fl(QKᵀ·c), but
+      P = 2^fl(QKᵀ·c − m) with one rounding (an FFMA of the raw score), in the forward
+      and in the backward's recomputation of P (with an additive bias: as ``"exp2"``). The scale
       enters dQ and dK as ``ds_scale`` says, with the unscaled Q, whatever ``scale_at``.
     - ``p_precision`` / ``ds_precision``: ``"input"`` P (resp. dS) rounded to the input
       dtype before the P@V and PᵀdO (resp. dS@K and dSᵀQ) products; ``"fp32"`` kept in the
@@ -636,6 +678,7 @@ def online_attention(
       ``"before_round"`` it multiplies dS before dS is rounded.
     - ``tf32``: float32 inputs only: every matmul operand rounded to TF32
       (``round_tf32``), fp32 accumulation.
+    - ``normalize``: ``"divide"`` O = acc / ℓ; ``"reciprocal"`` O = acc · fl(1/ℓ).
     """
     p = check_attention_args(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
@@ -648,7 +691,7 @@ def online_attention(
     ar = _make_arith(
         query.dtype, precision, gqa_reduce=gqa_reduce, flush_subnormals=flush_subnormals,
         scale_at=scale_at, p_precision=p_precision, ds_precision=ds_precision,
-        ds_scale=ds_scale, tf32=tf32,
+        ds_scale=ds_scale, tf32=tf32, normalize=normalize,
     )
     if precision == "exact":
         query, key, value = (t.to(torch.float64) for t in (query, key, value))

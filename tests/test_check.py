@@ -255,3 +255,43 @@ def test_lazy_family_gives_the_full_familys_verdict(spec, case):
     if lazy.status == "fail":
         assert {n: t.member for n, t in lazy.tensors.items()} == \
             {n: t.member for n, t in full.tensors.items()}
+
+
+# Found by the controls' 2,000-example campaigns (flashcheck mutants --controls-only).
+OVERFLOW_BY_MEMBER = Case(B=1, Hq=2, Hkv=1, Nq=52, Nk=21, D=96, dtype="float16",
+                          mask={"kind": "bias", "shape": "bhqk", "neginf_prob": 0.0,
+                                "neginf_first_tile": False, "tile": 16},
+                          dist={"kind": "normal", "sigma": 30.0},
+                          grad_dist={"kind": "normal", "sigma": 100.0}, seed=215224)
+
+
+def test_inf_where_a_family_member_overflows_is_accepted():
+    """dq[0, 1, 50, 77] is exactly 65505.1 (rounds to 65504 in fp16), but P and dS kept in
+    fp32 give a value past fp16's overflow threshold (65520): inf. A kernel making that
+    choice passes; the baseline member's overflow no longer makes dk's tolerance inf; an
+    inf elsewhere is still a non-finite failure."""
+    ctl = "verify/controls/fp32_throughout.py:attention"
+    v = check_case(ctl, OVERFLOW_BY_MEMBER, "cpu")
+    assert v.status == "pass", v.summary()
+    assert all(math.isfinite(t.tol) for t in v.tensors.values())
+
+    bad = check_case(_wrap(lambda out, q, k, v_: torch.where(
+        (torch.arange(out.shape[-1]) == 3), torch.full_like(out, math.inf), out)),
+        OVERFLOW_BY_MEMBER, "cpu")
+    assert (bad.status, bad.failure) == ("fail", "nonfinite"), bad.summary()
+
+
+FLUSH_AT_THRESHOLD = Case(B=1, Hq=1, Hkv=1, Nq=41, Nk=41, D=44, dtype="float16",
+                          dist={"kind": "normal", "sigma": 0.1}, seed=4)
+
+
+def test_zero_within_tolerance_of_the_subnormal_range_is_a_flush_unless_strict():
+    """dq[0, 0, 23, 6] is exactly 6.096e-05, just below fp16's smallest normal (6.1035e-05);
+    the baseline rounds it up to that normal, the flush-to-zero control returns 0. A 0 where
+    the exact value is within the tolerance of the subnormal range is an accepted flush; with
+    --strict-subnormals it fails."""
+    ctl = "verify/controls/flush_to_zero.py:attention"
+    v = check_case(ctl, FLUSH_AT_THRESHOLD, "cpu")
+    assert v.status == "pass", v.summary()
+    strict = check_case(ctl, FLUSH_AT_THRESHOLD, "cpu", strict_subnormals=True)
+    assert strict.status == "fail" and strict.tensors["dq"].worst_index == (0, 0, 23, 6)

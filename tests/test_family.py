@@ -273,15 +273,16 @@ def test_scale_placement_exact_for_power_of_two_scale(dtype):
 
 
 @pytest.mark.parametrize("order", ["fa2", "fa1"])
-@pytest.mark.parametrize("scale_at", ["exp2", "q_exp2"])
-def test_exp2_is_exact_in_float64(scale_at, order):
+@pytest.mark.parametrize("scale_at", ["exp2", "q_exp2", "exp2_fma"])
+@pytest.mark.parametrize("normalize", ["divide", "reciprocal"])
+def test_exp2_is_exact_in_float64(scale_at, order, normalize):
     kw = make_problem(B=1, Hq=4, Hkv=2, Nq=13, Nk=17, D=8, seed=2, mask="additive",
                       is_causal=True)
     dout = torch.randn(kw["query"].shape, generator=torch.Generator().manual_seed(0),
                        dtype=torch.float64)
     want = _grads(lambda **a: reference.attention_fp64(**a, return_lse=True), kw, dout, "cpu")
     got = _run(kw, dout, block_m=4, block_n=8, precision="exact", scale_at=scale_at,
-               order=order)
+               order=order, normalize=normalize)
     for a, b in zip([got[0], *got[2]], [want[0], *want[2]], strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12 * max(b.abs().max().item(), 1.0))
     live = want[1] > -torch.inf
@@ -306,11 +307,37 @@ def test_exp2_differs_from_exp_at_rounding_level(dtype):
     assert diff or lse_d > 0
 
 
+@pytest.mark.parametrize("order", ["fa2", "fa1"])
+def test_fused_exponent_and_reciprocal(order):
+    """scale_at="exp2_fma": P = 2^fl(s·c − fl(m·c)) with s·c unrounded (an FFMA);
+    normalize="reciprocal": O = acc·fl(1/ℓ). With one key (Nk = 1) the row max is that
+    key's score, so exp2_folded gives P = 1 and out = v exactly, while the fused exponent is
+    the rounding error of the scaled score: out = fl(fl(P·v)·fl(1/P)), computed here
+    independently, differs from v."""
+    g = torch.Generator().manual_seed(2)  # a seed where fl(fl(P·v)·fl(1/P)) != v
+    q, k, v, do = (torch.randn(1, 1, 1, 8, generator=g) for _ in range(4))
+    q = q * 16  # |s·c| ~ 50: the rounding error of s·c moves 2^x off 1
+    kw = dict(query=q, key=k, value=v, attn_mask=None)
+    folded = _run(kw, do, block_m=4, block_n=4, scale_at="exp2", order=order)
+    assert torch.equal(folded[0], v)
+    c = torch.tensor(8 ** -0.5 * 1.4426950408889634, dtype=torch.float32).item()
+    raw = (q @ k.transpose(-2, -1)).double() * c
+    pt = torch.exp2((raw - raw.float().double()).float())
+    assert float(pt) != 1.0
+    fused = _run(kw, do, block_m=4, block_n=4, scale_at="exp2_fma", normalize="reciprocal",
+                 order=order)
+    want = (pt * v) * (1 / pt)
+    assert torch.equal(fused[0].detach(), want) and not torch.equal(want, v)
+    assert all(torch.isfinite(g).all() for g in fused[2])
+    recip = _run(kw, do, block_m=4, block_n=4, normalize="reciprocal", order=order)
+    assert torch.equal(recip[0].detach(), v)  # P = 1: 1/ℓ = 1 exactly
+
+
 def test_switches_rejected_with_names():
     kw = make_problem(B=1, Hq=1, Hkv=1, Nq=3, Nk=3, D=2, seed=0, dtype=torch.float16)
     for name, bad in (("gqa_reduce", "sum"), ("scale_at", "k"), ("p_precision", "fp16"),
                       ("ds_precision", None), ("ds_scale", "never"),
-                      ("flush_subnormals", 1), ("tf32", "yes")):
+                      ("flush_subnormals", 1), ("tf32", "yes"), ("normalize", "mul")):
         with pytest.raises(ValueError, match=name):
             reference.online_attention(**kw, **{name: bad})
 
