@@ -345,12 +345,12 @@ def _family(inputs: Inputs, ref: dict, backward: bool, *, tf32: bool,
     near the dtype's largest finite number past the overflow threshold: a correct kernel
     can do the same, so that inf is accepted from the kernel too (``overflow``: per tensor
     the member's ±inf there, 0 elsewhere) and the element is left out of the member's
-    error statistics (an inf there would make the whole tensor's tolerance inf). The flush-to-zero member is
-    not part of the tensor-wide worst: where it flushes, its error is the size of the
-    flushed values themselves (up to 1e6x the other members' on tiny inputs), which would
-    excuse anything anywhere. It counts per element instead, on the elements its flushing
-    changed (:data:`FTZ_MEMBER`; ``(allowance, touched)`` per tensor, or nothing when
-    ``strict_subnormals``)."""
+    error statistics (an inf there would make the whole tensor's tolerance inf). The
+    flush-to-zero member is not part of the tensor-wide worst: where it flushes, its error
+    is the size of the flushed values themselves (up to 1e6x the other members' on tiny
+    inputs), which would excuse anything anywhere. It counts per element instead, on the
+    elements its flushing changed (:data:`FTZ_MEMBER`; ``(allowance, touched)`` per
+    tensor, or nothing when ``strict_subnormals``)."""
     from reference.family import family_members, run_family
 
     q = inputs.query

@@ -295,7 +295,7 @@ def run_selftest(*, device: str, budget_s: float, seed: int, out: Path,
         tasks = [(c.spec, device, dict(kw, seed=seed, out=out / c.name)) for c in ctrls]
         with cf.ProcessPoolExecutor(max_workers=max(1, jobs),
                                     mp_context=mp.get_context("forkserver")) as pool:
-            for c, res in zip(ctrls, pool.map(_control_campaign, tasks)):
+            for c, res in zip(ctrls, pool.map(_control_campaign, tasks), strict=True):
                 row = ControlRow(c.name, c.what,
                                  passed=res.first_fail_s is None and not res.error, result=res)
                 st.controls.append(row)
