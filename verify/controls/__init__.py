@@ -4,8 +4,8 @@ The other half of the self-test (verify/selftest.py): a harness that kills every
 also fails correct kernels is useless. Each control computes the right answer by a different
 route: other tile sizes, FlashAttention-1's update order, fp32 throughout (more accurate than
 the baseline), one control per correct implementation choice of docs/DESIGN.md section 5's
-family (GQA reduced per head, subnormals flushed, exp2 with a folded scale, Q prescaled, dS
-scaled before its rounding), the blocked PyTorch base of the mutants, the Triton base of the
+family (GQA reduced per head, subnormals flushed, exp2 with a folded scale, the scale fused
+into the exponent, Q prescaled, dS scaled before its rounding), the blocked PyTorch base of the mutants, the Triton base of the
 Triton mutants, and the references themselves (`reference`: float64 rounded to the input
 dtype; `online`: the emulated flash model). Each entry is a kernel spec for
 `verify.adapters.resolve_kernel`.
@@ -43,6 +43,8 @@ CONTROLS: tuple[Control, ...] = (
     Control("flush_to_zero", "subnormal inputs, P, dS and results flushed to zero (FTZ)"),
     Control("exp2_folded_scale", "scale * log2(e) as one fp32 constant, exp2, base-2 lse"),
     Control("q_prescaled", "Q * scale rounded to the input dtype before QK^T"),
+    Control("fa2_cuda_softmax",
+            "exp2(s * scale_log2 - max_scaled) as one FFMA, O = acc * (1/l) (FA2 CUDA)"),
     Control("ds_scaled_before_round", "scale * dS rounded to the input dtype, not dS"),
     Control("triton_fwd", "Triton forward, tiles of 16 (Triton mutant base)"),
     Control("triton_tile32", "Triton forward, tiles of 32"),
