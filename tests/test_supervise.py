@@ -180,6 +180,41 @@ def test_cuda_error_replaces_the_worker_and_is_confirmed(tmp_path):
     assert "reproduced in a fresh worker" in recs[1]["reason"]
 
 
+def test_confirmation_is_one_fresh_rerun_per_root_cause(tmp_path, monkeypatch):
+    """Five CUDA errors of one root cause (each case after a warm-up pass in its worker):
+    one fresh-worker re-run confirms all five; with the stop condition set (a spent time
+    budget), nothing is re-run and every failure is still kept and says so."""
+    from verify.supervise import Supervisor
+
+    cases = [Case(B=1, Hq=1, Hkv=1, Nq=n, Nk=4, D=8, dtype="float32", seed=2)
+             for n in (4, 12, 4, 13, 4, 14, 4, 15, 4, 16)]
+    reruns = []
+    real = Supervisor.run
+
+    def counting(self, cs, **kw):
+        if kw.get("fresh"):
+            reruns.append(len(cs))
+        return real(self, cs, **kw)
+
+    monkeypatch.setattr(Supervisor, "run", counting)
+    with Supervisor(_spec("cuda_error_large"), "cpu", failures_dir=tmp_path / "f") as sup:
+        res = sup.run(cases)
+    bad = [v for v in res.values() if v.failure == "cuda_error"]
+    assert len(bad) == 5 and reruns == [1]
+    assert all(v.observations["confirmed"]["reproduced"] is True for v in bad)
+    assert sum("same root cause" in v.reason for v in bad) == 4
+    reruns.clear()
+    with Supervisor(_spec("cuda_error_large"), "cpu", failures_dir=tmp_path / "g") as sup:
+        done: list = []  # the budget runs out as the last case finishes
+        res = sup.run(cases, on_result=lambda i, v: done.append(i),
+                      stop=lambda: "time budget of 1 s spent" if len(done) == len(cases)
+                      else None)
+    bad = [v for v in res.values() if v.failure == "cuda_error"]
+    assert reruns == [] and len(bad) == 5
+    assert all("not re-run in a fresh worker (time budget" in v.reason for v in bad)
+    assert list((tmp_path / "g").glob("cuda_error-*.json"))
+
+
 def test_sweep_hang_times_out_alone_in_parallel(tmp_path):
     """--jobs 2: the hanging case becomes a timeout within its limit, the others pass."""
     cases = [Case(B=1, Hq=1, Hkv=1, Nq=n, Nk=6, D=8, dtype="float32", seed=5)

@@ -647,9 +647,32 @@ class Supervisor:
                 self._unlink(w.inflight)  # interrupted, not failed
                 self._kill(w)
             raise
-        for i in confirm_idx:
-            results[i] = self._confirm(cases[i], results[i])
+        if confirm_idx:
+            self._confirm_all(cases, results, confirm_idx, jobs=jobs, stop=stop)
         return results
+
+    def _confirm_all(self, cases, results, idx: list[int], *, jobs: int, stop) -> None:
+        """Confirm crashes / CUDA errors in fresh workers: one re-run per root cause (its
+        first case), ``jobs`` at a time; the other cases of a root cause get that re-run's
+        answer. When ``stop()`` has a reason (a time budget spent), nothing is re-run and
+        each verdict says so: the failures are kept either way."""
+        groups: dict = {}
+        for i in idx:
+            groups.setdefault(root_cause(results[i]) or i, []).append(i)
+        why = stop() if stop is not None else None
+        if why is not None:
+            for i in idx:
+                v = results[i]
+                v.observations["confirmed"] = {"reproduced": None, "fresh_worker": "not run"}
+                v.reason += f"; not re-run in a fresh worker ({why})"
+                self._rewrite(cases[i], v)
+            return
+        heads = [members[0] for members in groups.values()]
+        again = self.run([cases[i] for i in heads], jobs=jobs, fresh=True, confirm=False)
+        for k, members in enumerate(groups.values()):
+            for i in members:
+                self._annotate(cases[i], results[i], again[k],
+                               None if i == members[0] else cases[members[0]])
 
     def _judge(self, w: _Worker, case: Any, msg: tuple | None) -> Any:
         from verify.check import Verdict
@@ -728,21 +751,32 @@ class Supervisor:
         write_failure(self.failures_dir, case, verdict, kernel_spec=self.spec,
                       device=self.device)
 
-    def _confirm(self, case: Any, verdict: Any) -> Any:
-        """Re-run a crash / CUDA error from a worker that had run earlier cases in a fresh
-        worker; the verdict says whether it reproduced."""
-        again = self.check(case, fresh=True, confirm=False)
+    def _rewrite(self, case: Any, verdict: Any) -> None:
+        if verdict.case_file or self.failures_dir is not None:
+            self._write_now(case, verdict)  # rewrite with the confirmation
+
+    def _annotate(self, case: Any, verdict: Any, again: Any, via: Any = None) -> Any:
+        """Record in ``verdict`` whether the fresh-worker re-run ``again`` reproduced it
+        (``via``: the case of the same root cause that was re-run instead)."""
         same = again.failure == verdict.failure
         verdict.observations["confirmed"] = {
             "reproduced": same, "fresh_worker": f"{again.status}"
             + (f" ({again.failure})" if again.failure else "")}
-        verdict.reason += ("; reproduced in a fresh worker" if same else
-                           f"; NOT reproduced in a fresh worker ({again.status}"
+        if via is not None:
+            verdict.observations["confirmed"]["via"] = via.short()
+        where = "in a fresh worker" + ("" if via is None else
+                                       f" (same root cause, re-run as {via.short()})")
+        verdict.reason += (f"; reproduced {where}" if same else
+                           f"; NOT reproduced {where} ({again.status}"
                            + (f": {again.failure}" if again.failure else "")
                            + "): an earlier case in the same worker may have caused it")
-        if verdict.case_file or self.failures_dir is not None:
-            self._write_now(case, verdict)  # rewrite with the confirmation
+        self._rewrite(case, verdict)
         return verdict
+
+    def _confirm(self, case: Any, verdict: Any) -> Any:
+        """Re-run a crash / CUDA error from a worker that had run earlier cases in a fresh
+        worker; the verdict says whether it reproduced."""
+        return self._annotate(case, verdict, self.check(case, fresh=True, confirm=False))
 
 
 # ------------------------------------------------------------------------------------------

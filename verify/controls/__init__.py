@@ -5,10 +5,10 @@ also fails correct kernels is useless. Each control computes the right answer by
 route: other tile sizes, FlashAttention-1's update order, fp32 throughout (more accurate than
 the baseline), one control per correct implementation choice of docs/DESIGN.md section 5's
 family (GQA reduced per head, subnormals flushed, exp2 with a folded scale, the scale fused
-into the exponent, Q prescaled, dS scaled before its rounding), the blocked PyTorch base of the mutants, the Triton base of the
-Triton mutants, and the references themselves (`reference`: float64 rounded to the input
-dtype; `online`: the emulated flash model). Each entry is a kernel spec for
-`verify.adapters.resolve_kernel`.
+into the exponent, Q prescaled, dS scaled before its rounding), the blocked PyTorch base of
+the mutants, the Triton base of the Triton mutants, and the references themselves
+(`reference`: float64 rounded to the input dtype; `online`: the emulated flash model).
+Each entry is a kernel spec for `verify.adapters.resolve_kernel`.
 """
 
 from __future__ import annotations
