@@ -9,6 +9,8 @@
 #                                                 a fresh worker, shrunk to Nq = 65, replayed
 #                                                 in a fresh process (exit 1); a sweep (run
 #                                                 --jobs 4) where only those cases fail
+#   bash scripts/gpu/fuzz_campaigns.sh faultrun   the sweep with faults alone (RUN_S budget;
+#                                                 PASS when it exits within RUN_S + 30 s)
 #   bash scripts/gpu/fuzz_campaigns.sh random     random reduction order / random result on
 #                                                 the GPU: nondeterministic or flaky, exit 1,
 #                                                 replay fails
@@ -68,12 +70,19 @@ if has illegal; then
   expect "illegal_async: campaign records the fault" 1 "$rc" "FAIL \(cuda_error\|crashed\)" \
     "$R/illegal_async.log"
   replay illegal_async $K:illegal_address_async "fail"
+fi
+if has illegal || has faultrun; then
+  K=tests/misbehaving_triton.py
   el "run --jobs 4 (sweep with faults)"
+  t_run=$(date +%s)
   timeout -s TERM $((RUN_S + 60)) python -m verify run --kernel $K:illegal_address_large --device "$DEVICE" \
     --jobs 4 --budget-s "$RUN_S" --out "$R/illegal_run" --quiet > "$R/illegal_run.log" 2>&1
   rc=$?
   expect "illegal_run: sweep exits 1 and keeps every record" 1 "$rc" "cuda_error" \
     "$R/illegal_run/report.md"
+  took=$(( $(date +%s) - t_run ))
+  ok=PASS; [ "$took" -le $((RUN_S + 30)) ] || ok=FAIL
+  echo "$ok illegal_run: exited after $took s (budget $RUN_S s)" | tee -a "$SUMMARY"
 fi
 
 if has random; then

@@ -27,6 +27,8 @@
 #                                         a --keep-going fuzz campaign on each PyTorch backend and
 #                                         our two kernels (FUZZ_MIN minutes, fresh seed FUZZ_SEED),
 #                                         the precision mutants (200 examples each), and the gate
+#                                         (FAMILY_TP=0: no throughput; FUZZ_GRACE: seconds past
+#                                         FUZZ_MIN before a campaign is stopped, default 150)
 # Several phases may share one call (session.sh throughput peers); they run in this file's order.
 set -uo pipefail
 : "${1:?phase}"
@@ -70,14 +72,16 @@ if has ncu; then
   done
 fi
 if has family; then
-  el "throughput"
-  timeout -s TERM 90 python3 scripts/gpu/throughput.py --kernel sdpa-math --device cuda \
-    --profile gpu --max-n 512 --copies 3 --warmup 16 --budget-s 40 --jobs 1 \
-    --out "$R/throughput-sdpa-math-j1.json" > "$R/throughput-sdpa-math-j1.log" 2>&1
-  el "throughput exit=$?"
+  if [ "${FAMILY_TP:-1}" = 1 ]; then
+    el "throughput"
+    timeout -s TERM 90 python3 scripts/gpu/throughput.py --kernel sdpa-math --device cuda \
+      --profile gpu --max-n 512 --copies 3 --warmup 16 --budget-s 40 --jobs 1 \
+      --out "$R/throughput-sdpa-math-j1.json" > "$R/throughput-sdpa-math-j1.log" 2>&1
+    el "throughput exit=$?"
+  fi
   export OMP_NUM_THREADS=1
   for k in flex sdpa-flash sdpa-efficient sdpa-cudnn sdpa-math triton triton-fa1; do
-    job "fuzz-$k" $(( ${FUZZ_MIN:-6} * 60 + 150 )) python3 -m verify fuzz --kernel "$k" --device cuda \
+    job "fuzz-$k" $(( ${FUZZ_MIN:-6} * 60 + ${FUZZ_GRACE:-150} )) python3 -m verify fuzz --kernel "$k" --device cuda \
       --minutes "${FUZZ_MIN:-6}" --keep-going --seed "${FUZZ_SEED:-20261201}" --out "$R/fuzz/$k"
   done
   for m in pv_fp16_accumulation p_bf16_for_fp16 lse_input_dtype fp16_accumulation; do
