@@ -39,7 +39,7 @@ _BASE = dict(block_m=128, block_n=128)
 FAMILY: dict[str, dict] = {
     "fa2_128": dict(_BASE),
     "fa2_64x32": dict(block_m=64, block_n=32),
-    "fa1_order": dict(_BASE, order="fa1"),
+    "fa1_order": dict(block_m=64, block_n=32, order="fa1"),
     "exp2_folded": dict(_BASE, scale_at="exp2"),
     "fa2_cuda_softmax": dict(_BASE, scale_at="exp2_fma", normalize="reciprocal"),
     "q_prescaled": dict(_BASE, scale_at="q"),
@@ -60,7 +60,8 @@ FAMILY_NOTES: dict[str, str] = {
     "fa2_64x32": "smaller tiles: more rescales and a different summation order (Triton "
                  "autotune configs, FlashAttention-2 backward's 64-row tiles)",
     "fa1_order": "K/V tiles outer, O renormalised in HBM after every step (FlashAttention-1, "
-                 "Algorithm 1)",
+                 "Algorithm 1), 32-key tiles: one rounding of O per key tile, so the "
+                 "tile width sets the error",
     "exp2_folded": "scale·log2(e) folded into one fp32 constant, exp2 (FlashAttention-2/3 "
                    "softmax_scale_log2, the Triton tutorial's qk_scale = sm_scale * 1.44269504)",
     "fa2_cuda_softmax": "the softmax of FlashAttention-2's CUDA kernels (softmax.h): "

@@ -344,8 +344,10 @@ def _family(inputs: Inputs, ref: dict, backward: bool, *, tf32: bool,
     poison. A member whose result is ±inf where the exact value is finite rounded a value
     near the dtype's largest finite number past the overflow threshold: a correct kernel
     can do the same, so that inf is accepted from the kernel too (``overflow``: per tensor
-    the member's ±inf there, 0 elsewhere) and the element is left out of the member's
-    error statistics (an inf there would make the whole tensor's tolerance inf). The
+    the member's ±inf there, 0 elsewhere). Every element where some member is not finite
+    (an inf, or a NaN from an intermediate overflow, which stays a failure for the kernel)
+    is left out of the members' error statistics: a non-finite error there would make the
+    whole tensor's tolerance inf or NaN. The
     flush-to-zero member is not part of the tensor-wide worst: where it flushes, its error
     is the size of the flushed values themselves (up to 1e6x the other members' on tiny
     inputs), which would excuse anything anywhere. It counts per element instead, on the
@@ -370,15 +372,18 @@ def _family(inputs: Inputs, ref: dict, backward: bool, *, tf32: bool,
     zero = torch.zeros((), dtype=torch.float64, device=q.device)
     for n in tensors:
         finite_ref = torch.isfinite(ref[n])
+        lost = None  # where some member is non-finite and the exact value is not
         for m in res:
-            ovf = torch.isinf(res[m][n]) & finite_ref
-            if bool(ovf.any()):
+            bad = ~torch.isfinite(res[m][n]) & finite_ref
+            if bool(bad.any()):
+                lost = bad if lost is None else lost | bad
+                ovf = torch.isinf(res[m][n]) & finite_ref
                 val = res[m][n].to(torch.float64)
                 overflow[n] = torch.where(ovf, val, overflow.get(n, zero))
         for m in names:
             e = abs_error(res[m][n], ref[n])  # stays on the device
-            if n in overflow:
-                e = torch.where(torch.isinf(overflow[n]), zero, e)
+            if lost is not None:
+                e = torch.where(lost, zero, e)
             if m == BASELINE_MEMBER:
                 err_t[n] = e
             stats += [e.max(), torch.sqrt((e ** 2).mean())] if e.numel() else [
