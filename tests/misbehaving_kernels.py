@@ -88,6 +88,21 @@ def first_use_wrong(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
     return out
 
 
+_CALLS = [0]
+# history_wrong turns wrong after this many calls in its process: far more than a fresh
+# worker's capability probes and one case, far fewer than a 100-example campaign makes.
+_HISTORY_CALLS = 150
+
+
+def history_wrong(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                  scale=None, enable_gqa=False):
+    """Right in a fresh process, wrong once the process has made many calls (a kernel whose
+    result depends on what ran before it: a recompiled variant, a grown workspace)."""
+    _CALLS[0] += 1
+    out = _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return out * 1.01 if _CALLS[0] > _HISTORY_CALLS else out
+
+
 _RNG = random.Random(int.from_bytes(os.urandom(8), "little"))
 # random_wrong's chance of a wrong call. A check calls the forward twice, so a case fails
 # (numerical or nondeterministic) with probability 1 - 0.7^2 = 0.51 and passes with 0.49:

@@ -127,6 +127,17 @@ def test_flaky_failures_say_first_use_or_random(tmp_path):
     assert kinds["random_wrong"] in ("random", "fresh_fails", "history")
 
 
+def test_failure_that_passes_in_a_fresh_process_is_flaky_history(tmp_path):
+    """Wrong only after many calls in the campaign's worker: its confirmation in a fresh
+    worker (what `flashcheck repro` does) passes, so the failure is recorded as flaky with
+    kind "history", not as a case file that would not replay."""
+    rc, _ = _fuzz("history_wrong", tmp_path / "fz", "--examples", "120")
+    assert rc == 1
+    (f,) = (tmp_path / "fz" / "failures").glob("flaky-*.json")
+    flaky = json.loads(f.read_text())["verdict"]["observations"]["flaky"]
+    assert flaky["kind"] == "history", flaky
+
+
 def test_random_order_is_a_failure(tmp_path):
     """A kernel whose bits change from call to call: nondeterministic, or flaky when a replay
     happened to repeat the bits; either way exit 1 and a file."""

@@ -399,13 +399,15 @@ class Campaign:
             entry["path"] = path
 
     def _confirm(self, case: Any, verdict: Any) -> Any | None:
-        """Re-check a shrunk failure CONFIRM_RUNS times; the first disagreeing verdict, or
-        None when every run agrees."""
+        """Re-check a shrunk failure CONFIRM_RUNS times in the campaign's worker, then once
+        in a fresh worker (what `flashcheck repro` does: a kernel whose result depends on
+        what ran before it in the process, e.g. a recompiled variant, fails only in the
+        campaign); the first disagreeing verdict, or None when every run agrees."""
         key = shrink_key(verdict)
-        for _ in range(CONFIRM_RUNS):
+        for fresh in [False] * CONFIRM_RUNS + [True]:
             if self._past_deadline():
                 break
-            again = self.sup.check(case)
+            again = self.sup.check(case, fresh=fresh, confirm=False)
             if again.status != "fail" or shrink_key(again) != key:
                 return again
         return None
