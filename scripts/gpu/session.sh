@@ -27,7 +27,8 @@
 #                                         a --keep-going fuzz campaign on each PyTorch backend and
 #                                         our two kernels (FUZZ_MIN minutes, fresh seed FUZZ_SEED),
 #                                         the precision mutants (200 examples each), and the gate
-#                                         (FAMILY_TP=0: no throughput; FUZZ_GRACE: seconds past
+#                                         (FAMILY_TP=0: no throughput; FAMILY_MUTANTS=0: no
+#                                         mutants; FUZZ_GRACE: seconds past
 #                                         FUZZ_MIN before a campaign is stopped, default 150)
 # Several phases may share one call (session.sh throughput peers); they run in this file's order.
 set -uo pipefail
@@ -84,7 +85,7 @@ if has family; then
     job "fuzz-$k" $(( ${FUZZ_MIN:-6} * 60 + ${FUZZ_GRACE:-150} )) python3 -m verify fuzz --kernel "$k" --device cuda \
       --minutes "${FUZZ_MIN:-6}" --keep-going --seed "${FUZZ_SEED:-20261201}" --out "$R/fuzz/$k"
   done
-  for m in pv_fp16_accumulation p_bf16_for_fp16 lse_input_dtype fp16_accumulation; do
+  [ "${FAMILY_MUTANTS:-1}" = 1 ] && for m in pv_fp16_accumulation p_bf16_for_fp16 lse_input_dtype fp16_accumulation; do
     job "mutant-$m" 300 python3 -m verify fuzz --kernel "verify/mutants/$m.py:attention" \
       --device cuda --examples 200 --seed 0 --out "$R/mutants/$m"
   done
