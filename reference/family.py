@@ -89,9 +89,11 @@ FAMILY_NOTES: dict[str, str] = {
                             "the input dtype, at::sum over the group)",
     "gqa_expand_autograd": "K/V expanded with repeat_interleave before an MHA kernel; "
                            "autograd reduces the per-head gradients in the input dtype",
-    "ftz": "subnormals flushed to zero in inputs, P, dS, intermediates and results (FTZ "
+    "ftz": "subnormals flushed to zero: fp32-range ones in the inputs as read (DAZ), the "
+           "intermediates and accumulators; input-dtype ones in P, dS and the results (FTZ "
            "arithmetic; on the H200 flex, sdpa-flash, sdpa-efficient and sdpa-cudnn flush "
-           "subnormal gradients and cuDNN subnormal bf16 inputs: docs/reports/README.md)",
+           "subnormal gradients and cuDNN subnormal bf16 inputs: docs/reports/README.md). "
+           "fp16 subnormal inputs are kept: fp16 loads and tensor-core products keep them",
     "tf32": "every matmul operand rounded to TF32, fp32 accumulation (fp32 kernels with "
             "allow_tf32 / input_precision='tf32'); only when the kernel declares TF32",
 }

@@ -193,8 +193,12 @@ class _Arith:
         return _flush(y, torch.finfo(dtype).tiny) if self.flush else y
 
     def load(self, t: torch.Tensor) -> torch.Tensor:
-        """An input in the operand dtype (flushed when flushing), held in the acc dtype."""
-        return self.rnd(t)
+        """An input in the operand dtype, held in the acc dtype; when flushing, the
+        accumulator dtype's subnormals are flushed (DAZ: an fp32 or bf16 input below fp32's
+        smallest normal). An fp16 subnormal input is not: it converts exactly to a normal
+        fp32 number and tensor-core products read it as it is, so no FTZ/DAZ mode drops it
+        (flushing it would change the inputs by up to 6.1e-5 each, not model an arithmetic)."""
+        return self.ftz(t.to(self.operand).to(self.acc))
 
     def rnd(self, x: torch.Tensor) -> torch.Tensor:
         """Round to the operand dtype, kept in the acc dtype (operand-dtype subnormals
@@ -658,9 +662,9 @@ def online_attention(
       autograd's own backward of the K/V expansion (``repeat_interleave``) in the input
       dtype; torch accumulates that sum in fp32, so on the CPU (torch 2.13) it equals
       ``"per_head_rounded"`` bit for bit.
-    - ``flush_subnormals``: flush to zero the subnormals of the input dtype in the
-      inputs, in P and dS after rounding and in the results, and those of the
-      accumulator dtype in the scores, every exp, every matmul result and the
+    - ``flush_subnormals``: flush to zero the subnormals of the input dtype in P and dS
+      after rounding and in the results, and those of the accumulator dtype in the
+      inputs as read (DAZ), the scores, every exp, every matmul result and the
       accumulators after each update (FTZ arithmetic).
     - ``scale_at``: ``"scores"`` S = (Q Kᵀ)·scale in the accumulator; ``"q"`` Q·scale
       rounded to the input dtype before the product; ``"exp2"`` S = (Q Kᵀ)·c with the

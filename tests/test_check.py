@@ -297,6 +297,20 @@ def test_zero_within_tolerance_of_the_subnormal_range_is_a_flush_unless_strict()
     assert strict.status == "fail" and strict.tensors["dq"].worst_index == (0, 0, 23, 6)
 
 
+# The self-test's seed-0 CI run: the flush-to-zero control, then flushing fp16 subnormal
+# inputs too, was 2.95x on dq (dO = normal(0.001): 4.5% of dO below 6.1e-5, each flushed
+# one an input changed, not an arithmetic; the family member flushed them too but its
+# per-element errors land elsewhere).
+FTZ_SMALL_DO = Case(B=1, Hq=3, Hkv=3, Nq=26, Nk=26, D=128, dtype="float16", scale=0.5,
+                    dist={"kind": "outliers", "p": 0.001, "outlier_sigma": 10.0},
+                    grad_dist={"kind": "normal", "sigma": 0.001}, seed=3)
+
+
+def test_flush_to_zero_control_with_small_fp16_gradients_passes():
+    v = check_case("verify/controls/flush_to_zero.py:attention", FTZ_SMALL_DO, "cpu")
+    assert v.status == "pass", v.summary()
+
+
 def test_a_members_nan_does_not_disable_the_tensors_tolerance(monkeypatch):
     """A member that overflows into NaN at one element (fp16 intermediate overflow) leaves
     that element out of the family statistics; the tolerance of the tensor stays finite, so

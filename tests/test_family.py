@@ -254,6 +254,31 @@ def test_flush_subnormals(dtype):
     assert ((out1[..., :4].double() - out0[..., :4].double()).abs() <= 4 * U[dt]).all()
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_flush_reads_only_fp32_range_subnormal_inputs(dtype):
+    """DAZ acts on fp32 operands: a bf16 subnormal input (below fp32's smallest normal) is
+    read as 0, an fp16 one (6e-8..6.1e-5, a normal fp32 number once converted) as it is.
+    V's subnormal columns reach dq through dP = dO·Vᵀ."""
+    dt = DTYPES[dtype]
+    tiny = torch.finfo(dt).tiny
+    kw = make_problem(B=1, Hq=1, Hkv=1, Nq=8, Nk=8, D=8, seed=6, dtype=torch.float64)
+    v = kw["value"].clone()
+    v[..., 4:] *= tiny / 8
+    q, k, v = (t.to(dt) for t in (kw["query"], kw["key"], v))
+    v0 = v.clone()
+    v0[..., 4:] = 0
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(2),
+                       dtype=torch.float64).to(dt)
+    base = dict(query=q, key=k, attn_mask=None, is_causal=False, scale=None,
+                enable_gqa=False, window=None, causal_alignment="top_left")
+    _, _, (dq, _, _) = _run(dict(base, value=v), dout, block_m=8, block_n=8,
+                            flush_subnormals=True)
+    _, _, (dq0, _, _) = _run(dict(base, value=v0), dout, block_m=8, block_n=8,
+                             flush_subnormals=True)
+    assert _subnormal(v).any()
+    assert torch.equal(dq, dq0) == (dt == torch.bfloat16)
+
+
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_scale_placement_exact_for_power_of_two_scale(dtype):
     """Scaling by 2^k commutes with rounding: Q·scale or dS·scale rounded to the dtype equals

@@ -15,7 +15,8 @@ so the bug is the only code in its module. The hooks, in the order they run:
 - `kv_heads(Hq, Hkv, device)`: the kv head read by each query head (GQA mapping).
 - `effective_scale(scale, D)`: the softmax scale actually used.
 - `structure(Nq, Nk, ...)`: the (Nq, Nk) bool mask of causal/window rules.
-- `subnormals(t, dtype)`: applied to the inputs, P, dS and the results (default: kept).
+- `subnormals(t, dtype, read=False)`: applied to the inputs as read (`read=True`), P, dS and
+  the results (default: kept).
 - `logits(q, k_tile, bias, scale, dtype)`: the scores of one key tile, in the units of `exp`.
 - `exp(x)`: the exponential of the online softmax and of the backward's recomputed P.
 - `running_max(m, s)`: the new running row max.
@@ -65,7 +66,8 @@ class BlockedAttention:
         return structural_mask(Nq, Nk, is_causal=is_causal, causal_alignment=causal_alignment,
                                window=window, device=device)
 
-    def subnormals(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    def subnormals(self, t: torch.Tensor, dtype: torch.dtype, read: bool = False
+                   ) -> torch.Tensor:
         return t
 
     def logits(self, q, k_tile, bias, scale: float, dtype: torch.dtype) -> torch.Tensor:
@@ -160,8 +162,8 @@ class BlockedAttention:
         dtype = query.dtype
         acc_dtype = self.accumulator_dtype(dtype)
         _, kf, vf, allowed = self._gathered(query, key, value, p)
-        qf = self.subnormals(query.float(), dtype)
-        kf, vf = self.subnormals(kf, dtype), self.subnormals(vf, dtype)
+        qf = self.subnormals(query.float(), dtype, True)
+        kf, vf = self.subnormals(kf, dtype, True), self.subnormals(vf, dtype, True)
         m = torch.full((p.B, p.Hq, p.Nq), NEG_INF, device=query.device)
         l = torch.zeros((p.B, p.Hq, p.Nq), device=query.device, dtype=acc_dtype)
         acc = torch.zeros((p.B, p.Hq, p.Nq, p.D), device=query.device, dtype=acc_dtype)
@@ -183,10 +185,11 @@ class BlockedAttention:
         """FA2 backward: (dq, dk, dv) in the input dtype."""
         dtype = query.dtype
         kvh, kf, vf, allowed = self._gathered(query, key, value, p)
-        qf, dof = self.subnormals(query.float(), dtype), self.subnormals(grad_out.float(), dtype)
-        kf, vf = self.subnormals(kf, dtype), self.subnormals(vf, dtype)
+        qf = self.subnormals(query.float(), dtype, True)
+        dof = self.subnormals(grad_out.float(), dtype, True)
+        kf, vf = self.subnormals(kf, dtype, True), self.subnormals(vf, dtype, True)
         ds_pre, ds_post = self.ds_scales(p.scale)
-        delta = self.delta(self.subnormals(grad_out.float(), dtype).to(dtype), out)
+        delta = self.delta(dof.to(dtype), out)
         lse_use = self.safe_max(lse)
         dq = torch.zeros_like(qf)
         dk_h = torch.zeros_like(kf)
