@@ -14,8 +14,8 @@ and triton only. On the CPU the kernels run under Triton's interpreter, which mu
 enabled with ``TRITON_INTERPRET=1`` before triton is first imported.
 """
 
-from kernels._common import get_tuning, set_tuning, tuning
-from kernels.flash_attention import attention
-from kernels.flash_attention_fa1 import attention_fa1
+from flashcheck.kernels._common import get_tuning, set_tuning, tuning
+from flashcheck.kernels.flash_attention import attention
+from flashcheck.kernels.flash_attention_fa1 import attention_fa1
 
 __all__ = ["attention", "attention_fa1", "get_tuning", "set_tuning", "tuning"]

@@ -139,7 +139,7 @@ def _peer_fn(impl: str, causal: bool, q):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     if impl == "triton-fa2":
-        from kernels import attention
+        from flashcheck.kernels import attention
         return (lambda a, b, c: attention(a, b, c, is_causal=causal)), ""
     if impl.startswith("sdpa-"):
         backend = {"sdpa-flash": SDPBackend.FLASH_ATTENTION,
@@ -275,7 +275,7 @@ def prewarm(configs: list[dict], jobs: int, timeout_s: float, quick: bool,
     per process); returns the seconds it took. A shard that fails or runs past ``timeout_s``
     only leaves its configurations to be compiled by the timed run."""
     t0 = time.monotonic()
-    base = [sys.executable, "-m", "kernels.bench", "--out", "unused"]
+    base = [sys.executable, "-m", "flashcheck.kernels.bench", "--out", "unused"]
     if quick:
         base.append("--quick")
     if ns:
@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     if not math.isfinite(args.budget_s) or args.budget_s <= 0:
         print("--budget-s must be > 0", file=sys.stderr)
         return 2
-    import kernels
+    from flashcheck import kernels
     configs = [c for c in configurations(args.quick) if not args.ns or c["N"] in args.ns]
     if args.warm_shard is not None:
         with kernels.tuning("autotune"):

@@ -40,9 +40,8 @@ import functools
 import torch
 import triton
 import triton.language as tl
-
-from kernels import _common
-from kernels._common import (
+from flashcheck.kernels import _common
+from flashcheck.kernels._common import (
     BF16_INTERPRETER_REASON,
     DTYPE_NAMES,
     INTERPRET,

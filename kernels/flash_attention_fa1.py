@@ -38,9 +38,8 @@ import functools
 import torch
 import triton
 import triton.language as tl
-
-from kernels._common import INTERPRET, INTERPRETER_BLOCK, Problem, block_d, validate
-from kernels.flash_attention import (
+from flashcheck.kernels._common import INTERPRET, INTERPRETER_BLOCK, Problem, block_d, validate
+from flashcheck.kernels.flash_attention import (
     LOG2E,
     _band_args,
     _band_range,

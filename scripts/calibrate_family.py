@@ -23,15 +23,14 @@ import sys
 import time
 
 import torch
+from flashcheck.reference.family import family_members, run_family
+from flashcheck.verify.bounds import N_EFF_MIN, effective_samples, error_model
+from flashcheck.verify.cases import Case
+from flashcheck.verify.check import GRADS, _allowed_bias, _reference, _sdpa_kwargs
+from flashcheck.verify.metrics import abs_error
+from flashcheck.verify.strategies import cases, fixed_sweep
 from hypothesis import HealthCheck, given, settings
 from hypothesis import seed as hseed
-
-from reference.family import family_members, run_family
-from verify.bounds import N_EFF_MIN, effective_samples, error_model
-from verify.cases import Case
-from verify.check import GRADS, _allowed_bias, _reference, _sdpa_kwargs
-from verify.metrics import abs_error
-from verify.strategies import cases, fixed_sweep
 
 
 def member_errors(case: Case) -> dict | None:

@@ -20,9 +20,8 @@ import sys
 from pathlib import Path
 
 import torch
-
-from verify.cases import load_case_file
-from verify.check import _allowed_bias
+from flashcheck.verify.cases import load_case_file
+from flashcheck.verify.check import _allowed_bias
 
 WORST = re.compile(r"(\w+): \d+/\d+ elements off \(worst at \[([\d, ]+)\]")
 

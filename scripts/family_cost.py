@@ -14,9 +14,8 @@ import argparse
 import time
 
 import torch
-
-from reference import online_attention
-from reference.family import FAMILY, family_members, run_family
+from flashcheck.reference import online_attention
+from flashcheck.reference.family import FAMILY, family_members, run_family
 
 
 def _best(fn, repeat: int, device: str) -> float:

@@ -14,8 +14,7 @@ import json
 import sys
 
 import torch
-
-from verify.strategies import fixed_sweep
+from flashcheck.verify.strategies import fixed_sweep
 
 N_CASES = 12
 

@@ -21,8 +21,7 @@ import resource
 import time
 
 import torch
-
-from reference import attention_fp64
+from flashcheck.reference import attention_fp64
 
 
 def _peak_rss_mib() -> float:

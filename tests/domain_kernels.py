@@ -17,8 +17,7 @@ skipping it.
 from __future__ import annotations
 
 import torch
-
-from reference import attention_fp64
+from flashcheck.reference import attention_fp64
 
 
 def _exact(query, key, value, attn_mask, is_causal, scale, enable_gqa, window,

@@ -20,8 +20,7 @@ from __future__ import annotations
 import math
 
 import torch
-
-from reference.masks import structural_mask
+from flashcheck.reference.masks import structural_mask
 
 _MANT = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23}
 

@@ -7,10 +7,10 @@ import functools
 
 import pytest
 import torch
+from flashcheck.verify.adapters import SpecError, as_kernel, check_domain_guard, resolve_kernel
+from flashcheck.verify.cases import Case
 
 from tests.fixtures_kernels import blocked_attention, blocked_attention_plain
-from verify.adapters import SpecError, as_kernel, check_domain_guard, resolve_kernel
-from verify.cases import Case
 
 
 def test_module_attr_spec():
@@ -167,7 +167,7 @@ def _bf16_needs_long_rows(query, key, value, attn_mask=None, dropout_p=0.0, is_c
 
 
 def test_one_rejected_probe_shape_keeps_the_dtype_and_the_case_is_not_run():
-    from verify.check import check_case
+    from flashcheck.verify.check import check_case
 
     k = as_kernel(_bf16_needs_long_rows, "cpu")
     caps = k.capabilities

@@ -13,9 +13,7 @@ import sys
 
 import pytest
 import torch
-
-from tests.fixtures_kernels import amplified, blocked_attention, coarse_p_attention, dense_fp64
-from verify.bounds import (
+from flashcheck.verify.bounds import (
     K_RMS,
     K_RULE,
     N_EFF_MIN,
@@ -28,8 +26,10 @@ from verify.bounds import (
     source_count,
     tolerance,
 )
-from verify.cases import Case
-from verify.check import _allowed_bias, check_case
+from flashcheck.verify.cases import Case
+from flashcheck.verify.check import _allowed_bias, check_case
+
+from tests.fixtures_kernels import amplified, blocked_attention, coarse_p_attention, dense_fp64
 
 GRADS = ("dq", "dk", "dv")
 
@@ -81,7 +81,7 @@ def test_fp32_is_outside_the_rmse_rule_and_guarded_elementwise():
 
 
 def test_order_share_measures_score_rounding_against_u():
-    from verify.bounds import order_share
+    from flashcheck.verify.bounds import order_share
 
     p = torch.tensor([[0.5, 0.5, 0.0]])
     es = torch.tensor([[1e-7, 3e-7, 5.0]])  # the last key has P = 0: it does not count
@@ -155,7 +155,7 @@ FALSE_ALARMS = [
 
 
 def _control(name):
-    from verify.controls import CONTROLS
+    from flashcheck.verify.controls import CONTROLS
 
     if name == "fixture":
         return blocked_attention
@@ -165,7 +165,7 @@ def _control(name):
 def _control_device(name, device):
     """Where these cases were found: the CPU, unless the control runs only elsewhere (the
     Triton controls on a CUDA machine, where the interpreter is off); then the suite's device."""
-    from verify.adapters import resolve_kernel
+    from flashcheck.verify.adapters import resolve_kernel
 
     spec = _control(name)
     if not isinstance(spec, str):
@@ -239,7 +239,7 @@ def test_floor_covers_the_output_error_carried_into_delta():
     dq error is almost all D_i's (6e-6). The GPU run of `tox -e gpu` failed our kernel there,
     and the emulated baseline exceeded the floor by 2 %, before the floor carried that term.
     """
-    from verify.check import _family, _reference
+    from flashcheck.verify.check import _family, _reference
 
     case = Case(B=1, Hq=3, Hkv=1, Nq=409, Nk=409, D=1, dtype="float32", window=(-1, 0),
                 seed=0)
@@ -260,8 +260,8 @@ def test_family_covers_one_running_sum_over_the_gqa_group():
     the family's gqa_group_fp32 member now, and K x the family covers the sum taken one row
     at a time in fp32 without a floor term for it.
     """
-    from verify.bounds import tolerance
-    from verify.check import _family, _reference
+    from flashcheck.verify.bounds import tolerance
+    from flashcheck.verify.check import _family, _reference
 
     case = Case.from_dict({**Case(B=1, Hq=3, Hkv=1, Nq=78, Nk=78, D=1,
                                   dtype="float32").to_dict(),
@@ -429,7 +429,7 @@ def test_one_key_rows_do_not_false_alarm(kernel, case):
 def test_floor_scales_with_cancelling_terms_not_result():
     """Nk = 1: dq's true value is 0 (a cancellation), yet its floor is positive, set by the
     terms dP and D that cancel; it shrinks with them, not with dq."""
-    from reference import attention_fp64
+    from flashcheck.reference import attention_fp64
 
     case = ONE_KEY[0]
     inp = case.materialize("cpu")
@@ -489,7 +489,7 @@ def calibration_cases(n_seeds: int):
 def calibrate(n_seeds: int = 72) -> None:
     """Per correct kernel and tensor: [min, max] of the max-abs ratio, and of the RMSE ratio
     where the RMSE rule applies (n_eff >= N_EFF_MIN)."""
-    from verify.controls import CONTROLS
+    from flashcheck.verify.controls import CONTROLS
 
     kernels = {c.name: c.spec for c in CONTROLS if c.name != "reference"}
     kernels["fixtures.blocked"] = blocked_attention

@@ -9,9 +9,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given
-
-from verify.cases import (
+from flashcheck.verify.cases import (
     DTYPES,
     Case,
     TensorCase,
@@ -23,7 +21,8 @@ from verify.cases import (
     save_tensors,
     tensors_path_for,
 )
-from verify.strategies import ALL_FEATURES, OPT_IN_FEATURES, cases
+from flashcheck.verify.strategies import ALL_FEATURES, OPT_IN_FEATURES, cases
+from hypothesis import given
 
 TENSORS = ("query", "key", "value", "grad_out")
 BASE = dict(B=2, Hq=4, Hkv=2, Nq=17, Nk=33, D=40, seed=7)

@@ -8,10 +8,10 @@ import math
 
 import pytest
 import torch
+from flashcheck.verify.cases import Case
+from flashcheck.verify.check import Verdict, check_case, check_nan_propagation, error_ratio
 
 from tests.fixtures_kernels import blocked_attention
-from verify.cases import Case
-from verify.check import Verdict, check_case, check_nan_propagation, error_ratio
 
 CASE = Case(B=1, Hq=2, Hkv=2, Nq=16, Nk=24, D=16, dtype="float16", is_causal=True, seed=5)
 SAME_SHAPE_OTHER_SEED = Case(B=1, Hq=2, Hkv=2, Nq=16, Nk=24, D=16, dtype="float16",
@@ -178,8 +178,8 @@ def test_result_beyond_the_dtype_range_may_round_to_inf():
 def test_captured_tensors_reach_the_kernel_not_a_draw(tmp_path):
     """A TensorCase describes its tensors with a Case (whose seed draws other inputs); the
     check, and the sweep's prefetched draws, must run the kernel on the captured tensors."""
-    from verify.cases import TensorCase, save_tensors
-    from verify.sweep import Prefetch
+    from flashcheck.verify.cases import TensorCase, save_tensors
+    from flashcheck.verify.sweep import Prefetch
 
     described = Case(B=1, Hq=2, Hkv=2, Nq=5, Nk=7, D=8, dtype="float32", seed=1)
     captured = dataclasses.replace(described, seed=99).materialize()
@@ -315,7 +315,7 @@ def test_a_members_nan_does_not_disable_the_tensors_tolerance(monkeypatch):
     """A member that overflows into NaN at one element (fp16 intermediate overflow) leaves
     that element out of the family statistics; the tolerance of the tensor stays finite, so
     an error elsewhere is still caught."""
-    import reference.family as fam
+    import flashcheck.reference.family as fam
 
     real = fam.run_family
 

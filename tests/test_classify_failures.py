@@ -7,7 +7,7 @@ import importlib.util
 import json
 import pathlib
 
-from verify.cases import Case
+from flashcheck.verify.cases import Case
 
 _SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "classify_failures.py"
 

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from verify import cli
-from verify.cases import Case, load_case_file, save_case_file, save_tensors
-from verify.fuzz import signature
+from flashcheck.verify import cli
+from flashcheck.verify.cases import Case, load_case_file, save_case_file, save_tensors
+from flashcheck.verify.fuzz import signature
 
 KERNELS = textwrap.dedent("""
     import torch
@@ -121,7 +120,7 @@ def test_cuda_asked_where_there_is_none(capsys):
 
 
 def test_subprocess_usage_error_has_no_traceback():
-    r = subprocess.run([sys.executable, "-m", "verify", "fuzz", "--kernel", "nope:x",
+    r = subprocess.run([sys.executable, "-m", "flashcheck", "fuzz", "--kernel", "nope:x",
                         "--examples", "3", "--device", "cpu"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
@@ -246,7 +245,7 @@ def test_fuzz_correct_kernel_finds_nothing(tmp_path, kfile, capsys):
 
 @pytest.fixture
 def small_sweep(monkeypatch):
-    import verify.strategies
+    from flashcheck import verify
 
     sweep = [SMALL, TINY, Case(B=1, Hq=2, Hkv=1, Nq=4, Nk=4, D=8, dtype="float16",
                                mask={"kind": "random", "density": 0.5}, seed=9)]
@@ -333,7 +332,7 @@ def test_gate_refuses_budgets_of_another_device_model(small_sweep, tmp_path, kfi
 
 
 def test_default_budgets_path_by_kernel_and_device(tmp_path, monkeypatch):
-    from verify import gate
+    from flashcheck.verify import gate
 
     monkeypatch.chdir(tmp_path)
     assert gate.default_budgets_path("triton", "cpu").name == "triton-cpu.json"
@@ -385,7 +384,7 @@ def test_run_budget_reports_unchecked_cases_as_not_run(small_sweep, tmp_path, kf
 
 FLUSHING_KERNEL = textwrap.dedent('''
     import torch
-    from reference import attention_fp64
+    from flashcheck.reference import attention_fp64
 
     def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                   enable_gqa=False):

@@ -14,11 +14,11 @@ import importlib
 
 import pytest
 import torch
+from flashcheck.verify.cases import Case
+from flashcheck.verify.controls import CONTROLS
+from flashcheck.verify.mutants._blocked import BlockedAttention
 
 from tests.test_mutants import BASE, GRAD, _errors, _run, _tolerance
-from verify.cases import Case
-from verify.controls import CONTROLS
-from verify.mutants._blocked import BlockedAttention
 
 # control -> a case where its choice changes the arithmetic. q_prescaled and
 # ds_scaled_before_round need a scale that is not a power of two (the default 1/sqrt(D) is
@@ -39,7 +39,7 @@ def test_every_choice_control_is_registered():
 
 @pytest.mark.parametrize("name", sorted(CHOICE_CASES))
 def test_control_makes_its_choice_and_stays_accurate(name):
-    mod = importlib.import_module(f"verify.controls.{name}")
+    mod = importlib.import_module(f"flashcheck.verify.controls.{name}")
     assert mod.__doc__ and len(mod.__doc__.split()) > 40, "docstring must name real kernels"
     assert mod.capabilities is mod.attention.capabilities
     case = Case(**{**BASE, **CHOICE_CASES[name]})

@@ -7,9 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from verify import cli
-from verify.fuzz import Campaign
+from flashcheck.verify import cli
+from flashcheck.verify.fuzz import Campaign
 
 KFILE = str(Path(__file__).with_name("domain_kernels.py"))
 
@@ -29,7 +28,7 @@ def _campaign(tmp_path, attr: str, examples: int) -> tuple[int, list]:
 
 
 def test_seq_multiple_and_head_dim_set_get_a_full_campaign(tmp_path, capsys):
-    """The acceptance run: `python -m verify fuzz --kernel tests/domain_kernels.py:attention
+    """The acceptance run: `python -m flashcheck fuzz --kernel tests/domain_kernels.py:attention
     --device cpu --examples 60 --seed 0` exits 0 with 60 examples, none outside the domain
     (the kernel raises on one, which would be a failure)."""
     rc = cli.main(["fuzz", "--kernel", f"{KFILE}:attention", "--device", "cpu",

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from flashcheck.reference._problems import make_problem
+from flashcheck.reference.family import FAMILY, FAMILY_NOTES, family_members, run_family
+from flashcheck.reference.online import round_tf32
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference
-from reference._problems import make_problem
-from reference.family import FAMILY, FAMILY_NOTES, family_members, run_family
-from reference.online import round_tf32
+from flashcheck import reference
 from tests.test_reference_online import _grads, problems
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}

@@ -9,8 +9,7 @@ import json
 import pathlib
 
 import pytest
-
-from verify.cases import Case
+from flashcheck.verify.cases import Case
 
 _GPU = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "gpu"
 

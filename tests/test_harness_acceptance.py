@@ -12,9 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from verify import cli
-from verify.selftest import run_campaign
+from flashcheck.verify import cli
+from flashcheck.verify.selftest import run_campaign
 
 ROOT = Path(__file__).resolve().parent.parent
 KILL_LIMIT_S = 60.0  # issue #4: "caught in <= 60 s on the CPU"

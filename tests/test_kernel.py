@@ -35,11 +35,11 @@ import math
 
 import pytest
 import torch
+from flashcheck.kernels import _common, attention, attention_fa1
+from flashcheck.kernels import flash_attention as fa
+from flashcheck.kernels import flash_attention_fa1 as fa1
 
-import reference
-from kernels import _common, attention, attention_fa1
-from kernels import flash_attention as fa
-from kernels import flash_attention_fa1 as fa1
+from flashcheck import reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 U = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float32: 2.0**-24}
@@ -436,7 +436,7 @@ def test_small_shared_memory_falls_back(kind):
 
 
 def test_tuning_mode_switch():
-    import kernels
+    from flashcheck import kernels
     assert kernels.get_tuning() == "heuristic"
     with kernels.tuning("autotune"):
         assert kernels.get_tuning() == "autotune"
@@ -451,7 +451,7 @@ def test_tuning_mode_switch():
 
 def test_autotune_mode_gives_the_same_bits_under_the_interpreter():
     """Under the interpreter both modes run the single interpreter config."""
-    import kernels
+    from flashcheck import kernels
     q, k, v, do, kw = _build(dict(shape=(1, 2, 2, 33, 35, 16), causal=True))
     runs = []
     for mode in ("heuristic", "autotune"):

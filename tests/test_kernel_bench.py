@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from kernels import bench
+from flashcheck.kernels import bench
 
 
 @pytest.mark.parametrize("causal, pass_, want", [

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from flashcheck.verify.adapters import resolve_kernel
+from flashcheck.verify.check import check_case, error_ratio
+from flashcheck.verify.fuzz import draw_dtypes
+from flashcheck.verify.strategies import cases
 from hypothesis import assume, given, settings, target
-
-from verify.adapters import resolve_kernel
-from verify.check import check_case, error_ratio
-from verify.fuzz import draw_dtypes
-from verify.strategies import cases
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # CPU: the interpreter plus the fp64 reference and emulated baseline cost ~1 s per case at

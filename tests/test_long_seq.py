@@ -17,8 +17,7 @@ import pathlib
 import pytest
 import torch
 
-import kernels
-import reference
+from flashcheck import kernels, reference
 
 _PATH = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "long_seq.py"
 _spec = importlib.util.spec_from_file_location("long_seq", _PATH)

@@ -6,8 +6,7 @@ import math
 
 import pytest
 import torch
-
-from verify.metrics import REL_GUARD_FRACTION, tensor_metrics, ulp, unit_roundoff
+from flashcheck.verify.metrics import REL_GUARD_FRACTION, tensor_metrics, ulp, unit_roundoff
 
 
 @pytest.mark.parametrize(

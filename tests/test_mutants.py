@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from flashcheck.reference.exact import attention_fp64
+from flashcheck.verify.cases import Case
+from flashcheck.verify.mutants import CATALOGUE, Mutant, by_name
+from flashcheck.verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._triton_fwd import TritonForward
 
-import verify.mutants
-from reference.exact import attention_fp64
-from verify.cases import Case
-from verify.mutants import CATALOGUE, Mutant, by_name
-from verify.mutants._blocked import BlockedAttention
-from verify.mutants._triton_fwd import TritonForward
+from flashcheck import verify
 
 # Unit roundoff per dtype (docs: bf16 2^-8, fp16 2^-11, fp32 2^-24).
 UNIT = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float32: 2.0**-24}
@@ -144,7 +144,7 @@ def test_catalogue_covers_the_package():
 
 @pytest.mark.parametrize("m", CATALOGUE, ids=lambda m: m.name)
 def test_module_shape(m: Mutant):
-    mod = importlib.import_module(f"verify.mutants.{m.name}")
+    mod = importlib.import_module(f"flashcheck.verify.mutants.{m.name}")
     assert mod.__doc__ and len(mod.__doc__.split()) > 20, "docstring must name bug and inputs"
     assert isinstance(mod.capabilities, dict) and mod.capabilities is mod.attention.capabilities
     assert m.kind in ("bug", "adversarial") and m.impl in ("triton", "pytorch")
@@ -152,7 +152,7 @@ def test_module_shape(m: Mutant):
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert not any(i and i.split(".")[0] == "kernels" for i in imported)
-    assert (m.impl == "triton") == ("verify.mutants._triton_fwd" in imported)
+    assert (m.impl == "triton") == ("flashcheck.verify.mutants._triton_fwd" in imported)
 
 
 def test_by_name_rejects_unknown():

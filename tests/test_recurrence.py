@@ -13,10 +13,9 @@ import math
 import mpmath
 import pytest
 import torch
+from flashcheck.reference.online import online_lse_step, tile_step_fa1, tile_step_fa2
 from hypothesis import given, note
 from hypothesis import strategies as st
-
-from reference.online import online_lse_step, tile_step_fa1, tile_step_fa2
 
 U64 = 2.0**-53  # float64 unit roundoff
 

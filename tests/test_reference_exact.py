@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import math
 
+import flashcheck.reference.exact as exact_mod
 import mpmath
 import pytest
 import torch
+from flashcheck.reference._problems import make_problem
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-import reference
-import reference.exact as exact_mod
-from reference._problems import make_problem
+from flashcheck import reference
 
 # The oracle's agreement target (issue: "≤ 1e-12 relative"). float64 has u = 2^-53 ≈ 1.1e-16;
 # with exactly representable scores the remaining error is a few hundred u at these sizes.

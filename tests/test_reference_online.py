@@ -15,12 +15,12 @@ import math
 
 import pytest
 import torch
+from flashcheck.reference._problems import make_problem
+from flashcheck.reference.online import _UNIT_ROUNDOFF, emulate_error_bound
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-import reference
-from reference._problems import make_problem
-from reference.online import _UNIT_ROUNDOFF, emulate_error_bound
+from flashcheck import reference
 
 # The oracle agreement target of the issue (≤ 1e-12 relative): float64 sums of at most
 # 40 terms of size ~1 carry a few hundred u = 2^-53 ≈ 1.1e-16 at most.

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-import reference
+from flashcheck import reference
 
 ORACLES = {
     "attention_fp64": reference.attention_fp64,

@@ -13,10 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from verify.adapters import resolve_kernel
-from verify.check import check_case
-from verify.repro import load_target
+from flashcheck.verify.adapters import resolve_kernel
+from flashcheck.verify.check import check_case
+from flashcheck.verify.repro import load_target
 
 CORPUS = Path(__file__).parent / "regressions"
 FILES = sorted(CORPUS.glob("*.json"))

@@ -12,8 +12,7 @@ import math
 import re
 
 import pytest
-
-from verify import report as R
+from flashcheck.verify import report as R
 
 HEADER = {"kernel": "triton", "device": "cpu", "gpu": None,
           "versions": {"flashcheck": "0.1.0", "torch": "2.x"}, "date": "2025-01-01T00:00:00",

@@ -11,10 +11,9 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from verify import cli, selftest
-from verify.controls import CONTROLS
-from verify.mutants import CATALOGUE, by_name
+from flashcheck.verify import cli, selftest
+from flashcheck.verify.controls import CONTROLS
+from flashcheck.verify.mutants import CATALOGUE, by_name
 
 # Wall-clock budget of the CI self-test. The mutants' first round (up to 200 examples each,
 # stopping at a kill) took 71 s on an idle 2-core CPU and about twice that under the

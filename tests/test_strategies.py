@@ -7,13 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from hypothesis import find, given, settings
-from hypothesis import strategies as st
-
-from verify.capabilities import backward_declared, check_capabilities, domain_reason
-from verify.cases import DTYPES, LAYOUTS, d_bucket, n_bucket
-from verify.distributions import DIST_KINDS, GRAD_DIST_KINDS
-from verify.strategies import (
+from flashcheck.verify.capabilities import backward_declared, check_capabilities, domain_reason
+from flashcheck.verify.cases import DTYPES, LAYOUTS, d_bucket, n_bucket
+from flashcheck.verify.distributions import DIST_KINDS, GRAD_DIST_KINDS
+from flashcheck.verify.strategies import (
     ALL_FEATURES,
     OPT_IN_FEATURES,
     cases,
@@ -21,6 +18,8 @@ from verify.strategies import (
     fixed_sweep,
     restrict,
 )
+from hypothesis import find, given, settings
+from hypothesis import strategies as st
 
 # find() stops at the first example that satisfies the predicate, then shrinks it; the
 # database is off so runs cannot influence each other.

@@ -2,7 +2,7 @@
 
 Each misbehaving kernel of tests/misbehaving_kernels.py is fuzzed through the CLI: the campaign
 must end inside its budget with exit 1 and a case file whose replay in a fresh process
-(``python -m verify repro CASE.json``) fails the same way. The kernels are pure PyTorch, so a
+(``python -m flashcheck repro CASE.json``) fails the same way. The kernels are pure PyTorch, so a
 case takes milliseconds and the time goes into process starts and the shrinks.
 """
 
@@ -17,17 +17,16 @@ import time
 from pathlib import Path
 
 import pytest
-
-from verify import cli
-from verify.cases import Case, load_case_file
-from verify.supervise import (
+from flashcheck.verify import cli
+from flashcheck.verify.cases import Case, load_case_file
+from flashcheck.verify.supervise import (
     BASE_TIMEOUT_S,
     TIMEOUT_MEDIAN_FACTOR,
     Supervisor,
     normalise_message,
     root_cause,
 )
-from verify.sweep import run_cases
+from flashcheck.verify.sweep import run_cases
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ROOT / "tests" / "misbehaving_kernels.py"
@@ -54,7 +53,7 @@ def _fuzz(name: str, out: Path, *extra: str) -> tuple[int, float]:
 
 
 def _repro(case_file: Path, name: str, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "verify", "repro", str(case_file), "--kernel",
+    return subprocess.run([sys.executable, "-m", "flashcheck", "repro", str(case_file), "--kernel",
                            _spec(name), "--device", "cpu", *extra],
                           capture_output=True, text=True, timeout=120, env=ENV, cwd=ROOT)
 
@@ -195,7 +194,7 @@ def test_confirmation_is_one_fresh_rerun_per_root_cause(tmp_path, monkeypatch):
     """Five CUDA errors of one root cause (each case after a warm-up pass in its worker):
     one fresh-worker re-run confirms all five; with the stop condition set (a spent time
     budget), nothing is re-run and every failure is still kept and says so."""
-    from verify.supervise import Supervisor
+    from flashcheck.verify.supervise import Supervisor
 
     cases = [Case(B=1, Hq=1, Hkv=1, Nq=n, Nk=4, D=8, dtype="float32", seed=2)
              for n in (4, 12, 4, 13, 4, 14, 4, 15, 4, 16)]
@@ -242,7 +241,7 @@ def test_sweep_hang_times_out_alone_in_parallel(tmp_path):
 
 
 def test_gate_and_run_record_a_crash_and_exit_1(tmp_path, monkeypatch, capsys):
-    import verify.strategies
+    from flashcheck import verify
 
     sweep = [Case(B=1, Hq=1, Hkv=1, Nq=n, Nk=6, D=8, dtype="float32", seed=5) for n in (4, 12)]
     monkeypatch.setattr(verify.strategies, "fixed_sweep", lambda profile: list(sweep))
@@ -321,7 +320,7 @@ def test_killed_parent_leaves_an_in_flight_case_that_the_next_campaign_records(t
     """Write-ahead: SIGKILL the campaign while a case hangs; its in-flight case file is on
     disk, and a campaign started in the same directory re-checks it first."""
     out = tmp_path / "fz"
-    proc = subprocess.Popen([sys.executable, "-m", "verify", "fuzz", "--kernel",
+    proc = subprocess.Popen([sys.executable, "-m", "flashcheck", "fuzz", "--kernel",
                              _spec("hang_large"), "--device", "cpu", "--seed", "7",
                              "--max-n", "16", "--dtypes", "float32", "--case-timeout", "600",
                              "--out", str(out), "--quiet"], env=ENV, cwd=ROOT,
@@ -354,7 +353,7 @@ def test_killed_parent_leaves_an_in_flight_case_that_the_next_campaign_records(t
 
 def test_sigterm_keeps_what_was_found(tmp_path):
     out = tmp_path / "fz"
-    proc = subprocess.Popen([sys.executable, "-m", "verify", "fuzz", "--kernel",
+    proc = subprocess.Popen([sys.executable, "-m", "flashcheck", "fuzz", "--kernel",
                              _spec("hang_large"), "--device", "cpu", "--seed", "7",
                              "--max-n", "16", "--dtypes", "float32", "--case-timeout", "2",
                              "--examples", "100000", "--keep-going", "--out", str(out),
@@ -377,7 +376,7 @@ def test_sigterm_keeps_what_was_found(tmp_path):
 def test_the_campaign_process_never_imports_the_kernel(tmp_path):
     """Our Triton kernel runs in the workers only: the parent of `fuzz` never imports
     ``kernels``, nor Triton's JIT of it, and still gets verdicts from it."""
-    code = ("import sys; from verify import cli; "
+    code = ("import sys; from flashcheck.verify import cli; "
             f"rc = cli.main(['fuzz', '--kernel', 'triton', '--device', 'cpu', '--examples', "
             f"'2', '--seed', '1', '--max-n', '8', '--dtypes', 'float32', '--out', "
             f"{str(tmp_path / 'fz')!r}, '--quiet']); "

@@ -8,10 +8,9 @@ import json
 import textwrap
 
 import pytest
-
-from verify.adapters import resolve_kernel
-from verify.strategies import fixed_sweep
-from verify.sweep import run_cases
+from flashcheck.verify.adapters import resolve_kernel
+from flashcheck.verify.strategies import fixed_sweep
+from flashcheck.verify.sweep import run_cases
 
 SPEC = "sdpa-math"
 
@@ -89,8 +88,7 @@ def test_prefetched_draws_equal_fresh_draws_and_errors_fall_back(cases):
     import dataclasses
 
     import torch
-
-    from verify.sweep import Prefetch
+    from flashcheck.verify.sweep import Prefetch
 
     # large logits at a tiny scale: q and k are scaled past fp16's range, so draw() raises
     bad = dataclasses.replace(cases[0], dtype="float16", D=1, scale=1e-6,

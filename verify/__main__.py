@@ -1,5 +1,5 @@
 import sys
 
-from verify.cli import main
+from flashcheck.verify.cli import main
 
 sys.exit(main())

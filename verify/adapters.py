@@ -50,8 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-
-from verify.capabilities import (
+from flashcheck.verify.capabilities import (
     backward_declared,
     call_supports,
     check_capabilities,
@@ -59,7 +58,7 @@ from verify.capabilities import (
     head_dim_reason,
     probe_shape,
 )
-from verify.cases import Case, Inputs
+from flashcheck.verify.cases import Case, Inputs
 
 __all__ = [
     "BUILTINS", "SpecError", "Kernel", "resolve_kernel", "as_kernel", "describe_exception",
@@ -162,7 +161,20 @@ def _load_file(path: str, spec: str):
     return module
 
 
+def add_search_paths(paths=()) -> None:
+    """Make ``MODULE:ATTR`` resolve as uvicorn and pytest resolve it: from the working
+    directory first, then each of ``paths`` (``--path DIR``), ahead of site-packages. Our
+    own code lives under the one name ``flashcheck``, so a kernel repository's own
+    ``verify/``, ``reference/`` or ``kernels/`` packages shadow nothing of ours."""
+    for d in (*reversed([os.path.abspath(p) for p in paths]), os.getcwd()):
+        if not os.path.isdir(d):
+            raise SpecError(f"--path {d!r}: not a directory")
+        if d not in sys.path:
+            sys.path.insert(0, d)
+
+
 def _import(modname: str, spec: str):
+    add_search_paths()
     try:
         return importlib.import_module(modname)
     except ModuleNotFoundError as e:
@@ -184,9 +196,9 @@ def _attr(obj, attr: str, spec: str, where: str):
 
 
 def _triton(name: str, spec: str):
-    pkg = _import("kernels", spec)
+    pkg = _import("flashcheck.kernels", spec)
     if not hasattr(pkg, name):
-        pkg = _import(f"kernels.{name}", spec)
+        pkg = _import(f"flashcheck.kernels.{name}", spec)
         return _attr(pkg, "attention", spec, f"module kernels.{name}")
     obj = getattr(pkg, name)
     if inspect.ismodule(obj):
@@ -195,7 +207,7 @@ def _triton(name: str, spec: str):
 
 
 def _reference_kernel():
-    ref = _import("reference", "reference")
+    ref = _import("flashcheck.reference", "reference")
 
     def reference(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                   scale=None, enable_gqa=False, *, window=None, causal_alignment="top_left"):
@@ -216,9 +228,9 @@ def _reference_kernel():
 
 
 def _online_kernel():
-    ref = _import("reference", "online")
+    ref = _import("flashcheck.reference", "online")
     if not hasattr(ref, "online_attention"):  # exported from its module only
-        ref = _import("reference.online", "online")
+        ref = _import("flashcheck.reference.online", "online")
 
     def online(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                scale=None, enable_gqa=False, *, window=None, causal_alignment="top_left"):
@@ -626,7 +638,7 @@ class Kernel:
         if self._folds(inputs):
             q, k = inputs.query, inputs.key
             nq, nk = q.shape[2], k.shape[2]
-            from reference.masks import structural_mask
+            from flashcheck.reference.masks import structural_mask
 
             allowed = structural_mask(
                 nq, nk, is_causal=inputs.is_causal, causal_alignment=inputs.causal_alignment,

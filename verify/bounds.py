@@ -37,8 +37,7 @@ import math
 from dataclasses import dataclass
 
 import torch
-
-from verify.metrics import UNIT_ROUNDOFF, unit_roundoff
+from flashcheck.verify.metrics import UNIT_ROUNDOFF, unit_roundoff
 
 TENSORS = ("out", "lse", "dq", "dk", "dv")
 

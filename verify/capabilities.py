@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
-from verify.cases import DTYPES, LAYOUTS, MAX_HEAD_DIM
+from flashcheck.verify.cases import DTYPES, LAYOUTS, MAX_HEAD_DIM
 
 __all__ = [
     "KEYS", "check_capabilities", "seq_multiple", "head_dim_reason", "head_dim_values",

@@ -52,8 +52,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
-
-from verify.distributions import (
+from flashcheck.verify.distributions import (
     DIST_KINDS,
     DTYPES,
     GRAD_DIST_KINDS,

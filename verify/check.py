@@ -47,8 +47,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-
-from verify.adapters import (
+from flashcheck.verify.adapters import (
     Kernel,
     as_kernel,
     describe_exception,
@@ -56,7 +55,7 @@ from verify.adapters import (
     is_clear_rejection,
     kernel_source_root,
 )
-from verify.bounds import (
+from flashcheck.verify.bounds import (
     K_RULE,
     TENSORS,
     effective_samples,
@@ -65,8 +64,8 @@ from verify.bounds import (
     rms_tolerance,
     tolerance,
 )
-from verify.cases import Case, Inputs
-from verify.metrics import abs_error, tensor_metrics
+from flashcheck.verify.cases import Case, Inputs
+from flashcheck.verify.metrics import abs_error, tensor_metrics
 
 __all__ = ["TensorReport", "Verdict", "check_case", "error_ratio", "check_nan_propagation",
            "BASELINE_BLOCK"]
@@ -297,7 +296,7 @@ def _leaves(inputs: Inputs, grad: bool) -> Inputs:
 
 
 def _allowed_bias(inputs: Inputs):
-    from reference.masks import structural_mask
+    from flashcheck.reference.masks import structural_mask
 
     nq, nk = inputs.query.shape[2], inputs.key.shape[2]
     allowed = structural_mask(nq, nk, is_causal=inputs.is_causal,
@@ -319,7 +318,7 @@ def _sdpa_kwargs(inputs: Inputs) -> dict:
 
 
 def _reference(inputs: Inputs, backward: bool) -> dict[str, torch.Tensor]:
-    from reference import attention_fp64
+    from flashcheck.reference import attention_fp64
 
     leaves = [getattr(inputs, n).detach().to(torch.float64).requires_grad_(backward)
               for n in ("query", "key", "value")]
@@ -353,7 +352,7 @@ def _family(inputs: Inputs, ref: dict, backward: bool, *, tf32: bool,
     inputs), which would excuse anything anywhere. It counts per element instead, on the
     elements its flushing changed (:data:`FTZ_MEMBER`; ``(allowance, touched)`` per
     tensor, or nothing when ``strict_subnormals``)."""
-    from reference.family import family_members, run_family
+    from flashcheck.reference.family import family_members, run_family
 
     q = inputs.query
     members = family_members(q.dtype, gqa=q.shape[1] != inputs.key.shape[1], tf32=tf32,

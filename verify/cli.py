@@ -1,4 +1,4 @@
-"""The ``flashcheck`` command line (also ``python -m verify``).
+"""The ``flashcheck`` command line (also ``python -m flashcheck``).
 
 Subcommands: ``run`` (default sweep + report), ``fuzz`` (Hypothesis campaign), ``repro``
 (replay one case; ``git bisect run`` friendly), ``gate`` (CI gate against committed error
@@ -28,8 +28,8 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from verify import __version__
-from verify.supervise import SupervisorError
+from flashcheck.verify import __version__
+from flashcheck.verify.supervise import SupervisorError
 
 DEFAULT_OUT = "flashcheck-out"
 DEFAULT_KERNEL = "triton"
@@ -114,12 +114,12 @@ def settle_device(requested: str | None) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from verify import report as R
+    from flashcheck.verify import report as R
 
     device = settle_device(args.device)
     profile = args.profile or ("gpu" if device == "cuda" else "cpu")
-    from verify.strategies import fixed_sweep
-    from verify.sweep import run_cases
+    from flashcheck.verify.strategies import fixed_sweep
+    from flashcheck.verify.sweep import run_cases
 
     out = Path(args.out)
     sweep = fixed_sweep(profile)
@@ -144,7 +144,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
     device = settle_device(args.device)
-    from verify.fuzz import Campaign
+    from flashcheck.verify.fuzz import Campaign
 
     # This process draws and shrinks; the kernel runs only in supervised workers.
     campaign = Campaign(None, kernel_spec=args.kernel, device=device, out=Path(args.out),
@@ -156,7 +156,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 
 
 def cmd_repro(args: argparse.Namespace) -> int:
-    from verify.repro import load_target, replay
+    from flashcheck.verify.repro import load_target, replay
 
     if (args.case is None) == (args.tensors is None):
         raise UsageError("repro: give exactly one of CASE.json or --tensors FILE")
@@ -172,7 +172,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
-    from verify import gate
+    from flashcheck.verify import gate
 
     device = settle_device(args.device)
     profile = "gpu" if device == "cuda" else "cpu"
@@ -192,7 +192,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from verify.report import compare_reports
+    from flashcheck.verify.report import compare_reports
 
     table = compare_reports(args.reports)
     if args.out:
@@ -216,10 +216,10 @@ def _delegate(name: str, argv: list[str]) -> int:
     if "-h" not in argv and "--help" not in argv:
         settle_device(device)
     if name == "bench":
-        from kernels.bench import main as bench_main
+        from flashcheck.kernels.bench import main as bench_main
 
         return bench_main(argv)
-    from verify.selftest import main as selftest_main
+    from flashcheck.verify.selftest import main as selftest_main
 
     return selftest_main(argv)
 
@@ -241,6 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
                              f"(default: {kernel_default})")
         sp.add_argument("--device", choices=("cpu", "cuda"), default=None,
                         help="default: cuda if available, else cpu (Triton interpreter)")
+        sp.add_argument("--path", action="append", default=[], metavar="DIR",
+                        help="directory to import MODULE:ATTR kernels from, besides the "
+                             "working directory (repeatable)")
 
     def quiet(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--quiet", "-q", action="store_true", help="no progress output")
@@ -352,6 +355,14 @@ def main(argv: list[str] | None = None) -> int:
         except SystemExit as e:  # --help, --version, or a usage error already printed
             return e.code if isinstance(e.code, int) else 2
         args.argv = ["flashcheck", *argv]
+        if getattr(args, "path", None):
+            # Before any worker starts: the workers' interpreter inherits sys.path and
+            # PYTHONPATH (a replay command printed later carries --path too).
+            from flashcheck.verify.adapters import add_search_paths
+            add_search_paths(args.path)
+            os.environ["PYTHONPATH"] = os.pathsep.join(
+                [os.path.abspath(d) for d in args.path]
+                + [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x])
         if args.command is None:
             parser.print_help()
             return 2

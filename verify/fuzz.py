@@ -54,8 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verify import report as R
-from verify.progress import Progress
+from flashcheck.verify import report as R
+from flashcheck.verify.progress import Progress
 
 DEFAULT_EXAMPLES = 200
 # Largest sequence length drawn by default. The CPU runs the Triton interpreter (seconds per
@@ -116,7 +116,7 @@ def shrink_key(verdict: Any) -> tuple:
     """What must stay the same while a failure is shrunk: its root cause for raised and
     crash-class failures, else its failure class (the configuration may change: shrinking
     crosses N buckets, dtypes and mask kinds)."""
-    from verify.supervise import root_cause
+    from flashcheck.verify.supervise import root_cause
 
     return root_cause(verdict) or (verdict.failure,)
 
@@ -128,7 +128,7 @@ def signature(case: Any, verdict: Any) -> tuple[str, ...]:
 
     ``verdict`` is a Verdict or its ``to_dict()`` (as stored in a case file).
     """
-    from verify.supervise import root_cause
+    from flashcheck.verify.supervise import root_cause
 
     cause = root_cause(verdict)
     if cause is not None:
@@ -217,8 +217,7 @@ class Campaign:
         if self.examples is None and self.minutes is None:
             self.examples = DEFAULT_EXAMPLES
         import torch
-
-        from verify.supervise import ProbeCrashed, Supervisor
+        from flashcheck.verify.supervise import ProbeCrashed, Supervisor
 
         dev = torch.device(self.device).type
         default_n = self.max_n is None
@@ -240,7 +239,7 @@ class Campaign:
             self.draw_dtypes = draw_dtypes(caps, self.device, self.dtypes)
             if default_n:
                 self.max_n = default_max_n(caps, self.max_n)
-            from verify.strategies import cases
+            from flashcheck.verify.strategies import cases
 
             # Built once here so bad bounds surface as a usage error before anything runs.
             self.strategy = cases(dtypes=self.draw_dtypes, max_n=self.max_n,
@@ -268,17 +267,16 @@ class Campaign:
 
     def _count_not_run(self, reason: str) -> None:
         """Group "not run" reasons that differ only in numbers (``Nq=37`` and ``Nq=9``)."""
-        from verify.supervise import normalise_message
+        from flashcheck.verify.supervise import normalise_message
 
         entry = self.not_run.setdefault(normalise_message(reason), [0, reason, set()])
         entry[0] += 1
         entry[2].add(reason)
 
     def _property(self, bar: Progress, state: dict):
+        from flashcheck.verify.check import error_ratio
+        from flashcheck.verify.supervise import CRASH_CLASSES
         from hypothesis import note, reject, target
-
-        from verify.check import error_ratio
-        from verify.supervise import CRASH_CLASSES
 
         def prop(case) -> None:
             failing = state["key"] is not None
@@ -345,8 +343,8 @@ class Campaign:
 
     def _write(self, case: Any, verdict: Any, *, note: str = "") -> Path:
         """Write the failure (and, for a root cause, remember its file); print it."""
-        from verify.supervise import root_cause
-        from verify.sweep import write_failure
+        from flashcheck.verify.supervise import root_cause
+        from flashcheck.verify.sweep import write_failure
 
         sig = signature(case, verdict)
         self.recorded_cases.append(case)
@@ -372,7 +370,7 @@ class Campaign:
     def _hit(self, sig: tuple, case: Any, verdict: Any) -> None:
         """An already recorded root cause hit again: count it; a new configuration rewrites
         its file, and a smaller case takes its place."""
-        from verify.sweep import _remove_failure_files, case_size, write_failure
+        from flashcheck.verify.sweep import _remove_failure_files, case_size, write_failure
 
         entry = self.causes.get(sig)
         if verdict.case_file and (entry is None or Path(verdict.case_file) != entry["path"]):
@@ -447,7 +445,7 @@ class Campaign:
         when the shrunk case failed in fewer than half of its fresh-worker runs, the first
         failing case of the campaign (``unshrunk``) is classified too, and the one that
         failed more often is kept: the file's replay should reproduce it."""
-        from verify.check import Verdict
+        from flashcheck.verify.check import Verdict
 
         kind, text, runs = self._classify_flaky(case)
         note = ""
@@ -484,8 +482,8 @@ class Campaign:
 
     def _record(self, state: dict, *, flaky: bool = False, stopped: bool = False) -> None:
         """Write the failure being shrunk (``state["best"]``): confirmed, or as flaky."""
-        from verify.supervise import CRASH_CLASSES
-        from verify.sweep import _remove_failure_files, write_failure
+        from flashcheck.verify.supervise import CRASH_CLASSES
+        from flashcheck.verify.sweep import _remove_failure_files, write_failure
 
         case, verdict = state["best"]
         first_case, first = state["first"]
@@ -522,8 +520,8 @@ class Campaign:
     def _drop_superseded(self, case: Any, verdict: Any) -> None:
         """Crash-class candidates written at once during the shrink (write-ahead) are
         superseded by the shrunk case's file: one file per failure."""
-        from verify.supervise import CRASH_CLASSES
-        from verify.sweep import _remove_failure_files, failure_id
+        from flashcheck.verify.supervise import CRASH_CLASSES
+        from flashcheck.verify.sweep import _remove_failure_files, failure_id
 
         if verdict.failure not in CRASH_CLASSES:
             return
@@ -533,7 +531,7 @@ class Campaign:
             if p.name in keep or p.name == f"{failure_id(case, verdict)}.json":
                 continue
             try:
-                from verify.cases import load_case_file
+                from flashcheck.verify.cases import load_case_file
 
                 _, meta = load_case_file(p)
             except (OSError, ValueError):
@@ -545,7 +543,7 @@ class Campaign:
     def _record_strays(self) -> None:
         """Failures of another kind met while one was being shrunk: per failure class (or root
         cause) the smallest of them, unshrunk, unless that kind is recorded already."""
-        from verify.sweep import _remove_failure_files, case_size
+        from flashcheck.verify.sweep import _remove_failure_files, case_size
 
         smallest: dict[tuple, tuple[Any, Any, int]] = {}
         for case, verdict in self.strays:
@@ -572,7 +570,7 @@ class Campaign:
 
     def _recheck_leftovers(self) -> None:
         """In-flight files left by a campaign that was killed: re-check each in a fresh worker."""
-        from verify.cases import load_case_file
+        from flashcheck.verify.cases import load_case_file
 
         left = sorted((self.out / "inflight").glob("inflight-*.json"))
         for p in left:
@@ -593,8 +591,8 @@ class Campaign:
         """The kernel took its worker down on the capability probes: check the case closest
         to the probes' inputs (the probes run first inside every check) in a fresh worker and
         record what happened; a crash there is the failure, else the probe crash itself."""
-        from verify.cases import Case
-        from verify.check import Verdict
+        from flashcheck.verify.cases import Case
+        from flashcheck.verify.check import Verdict
 
         print(f"note: {self.probe_crash}")
         case = Case(B=1, Hq=2, Hkv=2, Nq=4, Nk=4, D=16, dtype=self.draw_dtypes[0])
@@ -717,7 +715,7 @@ def shrink_key_of_sig(sig: tuple) -> tuple:
 
 def shrink_key_of(verdict_dict: dict) -> tuple:
     """:func:`shrink_key` of a verdict as stored in a case file."""
-    from verify.supervise import root_cause
+    from flashcheck.verify.supervise import root_cause
 
     return root_cause(verdict_dict) or (verdict_dict.get("failure"),)
 

@@ -39,7 +39,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from verify import report as R
+from flashcheck.verify import report as R
 
 BUDGETS_FORMAT = "flashcheck-budgets"
 BUDGETS_VERSION = 1
@@ -48,8 +48,9 @@ BUDGETS_VERSION = 1
 # and the sweep is fixed, so on one machine and one set of versions the ratios repeat exactly;
 # the headroom absorbs what legitimately moves them: an upgrade (torch, numpy, Triton) or a
 # retuning that reorders the same accumulations, which draws a new realisation of the same
-# rounding errors. Measured with ``python -m verify.gate A/report.json B/report.json`` on the
-# CPU sweep, our FA2 kernel against verify/controls/triton_tile32 (another correct tiling),
+# rounding errors. Measured with
+# ``python -m flashcheck.verify.gate A/report.json B/report.json`` on the CPU sweep, our FA2
+# kernel against verify/controls/triton_tile32 (another correct tiling),
 # worst ``out`` ratio per configuration, 41 configurations: float16 moved by at most x1.051,
 # float32 by up to x2.943 (median x1.002, 90th percentile x1.279). fp16/bf16 output errors are
 # dominated by the final rounding to the output dtype, which no reordering changes; fp32 errors
@@ -89,7 +90,7 @@ def default_budgets_path(kernel_spec: str, profile: str, model: str = "cpu") -> 
     ``flashcheck-budgets/<spec>-<profile>[-<model>].json`` under the working directory, i.e.
     beside the user's kernel repo, never inside the installed package.
     """
-    from verify.adapters import BUILTINS
+    from flashcheck.verify.adapters import BUILTINS
 
     name = _safe(kernel_spec) or "kernel"
     stem = f"{name}-{profile}" if model == "cpu" else f"{name}-{profile}-{_safe(model)}"
@@ -111,7 +112,7 @@ def corpus_files(corpus: Path) -> list[Path]:
 
 def load_corpus(corpus: Path) -> list[Any]:
     """The regression cases (with captured tensors where a tensor file sits beside one)."""
-    from verify.repro import load_target
+    from flashcheck.verify.repro import load_target
 
     return [load_target(case_path=str(p), tensors_path=None).case for p in corpus_files(corpus)]
 
@@ -240,8 +241,8 @@ def run_gate(kernel: Any, *, kernel_spec: str, device: str, profile: str, budget
              corpus: Path, update: bool, out: Path, quiet: bool = False,
              command: list[str] | None = None, jobs: int = 1, model: str = "cpu",
              case_timeout: float | None = None, strict_subnormals: bool = False) -> int:
-    from verify import strategies
-    from verify.sweep import run_cases
+    from flashcheck.verify import strategies
+    from flashcheck.verify.sweep import run_cases
 
     budgets = None if update and not budgets_path.exists() else load_budgets(budgets_path)
     if budgets is not None and not update:
@@ -312,7 +313,7 @@ if __name__ == "__main__":
     import sys
 
     if len(sys.argv) != 3:
-        sys.exit("usage: python -m verify.gate A/report.json B/report.json")
+        sys.exit("usage: python -m flashcheck.verify.gate A/report.json B/report.json")
     spread = order_spread(R.load_report(sys.argv[1]), R.load_report(sys.argv[2]))
     for lab, x in sorted(spread.items(), key=lambda kv: -kv[1]):
         print(f"{x:6.3f}  {lab}")

@@ -41,7 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from verify import __version__
+from flashcheck.verify import __version__
 
 REPORT_FORMAT = "flashcheck-report"
 REPORT_VERSION = 1
@@ -162,7 +162,7 @@ def config_of(verdict: Mapping[str, Any]) -> dict[str, Any]:
     """The configuration key of one verdict dict."""
     if verdict.get("config") is not None:
         return dict(verdict["config"])
-    from verify.cases import Case
+    from flashcheck.verify.cases import Case
 
     return dict(Case.from_dict(verdict["case"]).config_key())
 

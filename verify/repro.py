@@ -43,7 +43,7 @@ def load_target(*, case_path: str | None, tensors_path: str | None, is_causal: b
 
     Raises ValueError naming the file on malformed input.
     """
-    from verify.cases import TensorCase, load_case_file, tensors_path_for
+    from flashcheck.verify.cases import TensorCase, load_case_file, tensors_path_for
 
     if (case_path is None) == (tensors_path is None):
         raise ValueError("repro: give exactly one of CASE.json or --tensors FILE")
@@ -78,9 +78,9 @@ def replay(kernel: Any, target: Target, *, device: str, kernel_spec: str,
     or FLAKY_REPEATS for a case file recorded as ``flaky``); print the per-tensor table of the
     first failing run (else the first run); returns the exit status: 1 when any run fails
     (a crash or a timeout included), 125 when the case is outside the kernel's domain."""
-    from verify import report as R
-    from verify.supervise import Supervisor
-    from verify.sweep import verdict_record
+    from flashcheck.verify import report as R
+    from flashcheck.verify.supervise import Supervisor
+    from flashcheck.verify.sweep import verdict_record
 
     if repeat is None:
         repeat = FLAKY_REPEATS if target.recorded_failure == "flaky" else 1

@@ -160,7 +160,7 @@ def _caught_by(verdict: dict) -> str:
 
 
 def _ratio(verdict) -> float:
-    from verify.check import error_ratio
+    from flashcheck.verify.check import error_ratio
 
     r = error_ratio(verdict)
     return r if math.isfinite(r) else math.inf
@@ -174,8 +174,8 @@ def run_campaign(spec: str, device: str, *, seed: int, out: Path, seconds: float
     Stops at the first (shrunk) failure. The campaign's printout is appended to
     ``out/fuzz.log``; its example database ``out/hypothesis-db`` is removed first.
     """
-    from verify.cases import load_case_file
-    from verify.fuzz import Campaign
+    from flashcheck.verify.cases import load_case_file
+    from flashcheck.verify.fuzz import Campaign
 
     seen: list[tuple[float, object]] = []
     t0 = time.monotonic()
@@ -247,9 +247,9 @@ def run_selftest(*, device: str, budget_s: float, seed: int, out: Path,
     campaign by this many examples instead of a share of ``budget_s`` (then ``budget_s``
     does not bound the controls). ``jobs``: control campaigns run this many at a time, each
     in its own process (the mutants always run one at a time)."""
-    from verify import report as R
-    from verify.controls import CONTROLS
-    from verify.mutants import CATALOGUE, by_name
+    from flashcheck.verify import report as R
+    from flashcheck.verify.controls import CONTROLS
+    from flashcheck.verify.mutants import CATALOGUE, by_name
 
     if not mutants:
         mutants = []
@@ -488,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
               "set TRITON_INTERPRET=1 before starting (the flashcheck command does)",
               file=sys.stderr)
         return 2
-    from verify.mutants import by_name
+    from flashcheck.verify.mutants import by_name
 
     try:
         for name in args.only or ():

@@ -26,12 +26,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from flashcheck.verify.capabilities import KEYS, backward_declared, check_capabilities, seq_multiple
+from flashcheck.verify.cases import DTYPES, LAYOUTS, MASK_SHAPES, MAX_HEAD_DIM, SEED_LIMIT, Case
+from flashcheck.verify.distributions import DIST_KINDS, GRAD_DIST_KINDS
 from hypothesis import note
 from hypothesis import strategies as st
-
-from verify.capabilities import KEYS, backward_declared, check_capabilities, seq_multiple
-from verify.cases import DTYPES, LAYOUTS, MASK_SHAPES, MAX_HEAD_DIM, SEED_LIMIT, Case
-from verify.distributions import DIST_KINDS, GRAD_DIST_KINDS
 
 __all__ = [
     "ALL_FEATURES", "OPT_IN_FEATURES", "ALL_LAYOUTS", "ALL_DISTS", "ALL_GRAD_DISTS",

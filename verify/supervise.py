@@ -225,9 +225,9 @@ def _worker_main(conn, spec: str, device: str, threads: int | None, dump_path: s
         # The cores are shared out: J workers with a full-width OpenMP pool each would
         # oversubscribe the machine and slow every CPU-side step by orders of magnitude.
         torch.set_num_threads(threads)
-    from verify.adapters import describe_exception, kernel_source_root, resolve_kernel
-    from verify.cases import Case
-    from verify.check import check_case
+    from flashcheck.verify.adapters import describe_exception, kernel_source_root, resolve_kernel
+    from flashcheck.verify.cases import Case
+    from flashcheck.verify.check import check_case
 
     try:
         kernel = resolve_kernel(spec, device)
@@ -286,8 +286,8 @@ def _worker_main(conn, spec: str, device: str, threads: int | None, dump_path: s
                 continue
             # An asynchronous CUDA error of the kernel surfacing in a later harness call: the
             # case fails with it and the context is unusable.
-            from verify.adapters import exception_info
-            from verify.check import Verdict
+            from flashcheck.verify.adapters import exception_info
+            from flashcheck.verify.check import Verdict
 
             verdict = Verdict(case=case, kernel=spec, device=device, status="fail",
                               failure="cuda_error",
@@ -314,7 +314,8 @@ def _context():
         if "forkserver" in multiprocessing.get_all_start_methods():
             _CTX = multiprocessing.get_context("forkserver")
             # Never the kernel, never anything that initialises CUDA: imports only.
-            _CTX.set_forkserver_preload(["torch", "triton", "verify.check", "verify.supervise"])
+            _CTX.set_forkserver_preload(["torch", "triton", "flashcheck.verify.check",
+                                        "flashcheck.verify.supervise"])
         else:
             _CTX = multiprocessing.get_context("spawn")
     return _CTX
@@ -408,7 +409,7 @@ class Supervisor:
     def _on_ready(self, w: _Worker, msg: tuple) -> None:
         if msg[0] == "spec_error":
             self._retire(w)
-            from verify.adapters import SpecError
+            from flashcheck.verify.adapters import SpecError
 
             raise SpecError(msg[1])
         if msg[0] != "ready":
@@ -545,7 +546,7 @@ class Supervisor:
         import hashlib
         import json
 
-        from verify.cases import CASE_FILE_FORMAT, CASE_VERSION
+        from flashcheck.verify.cases import CASE_FILE_FORMAT, CASE_VERSION
 
         # The case file of save_case_file, written directly: this runs before every case,
         # and the case's JSON serves both the name (as in failure_id) and the content.
@@ -675,7 +676,7 @@ class Supervisor:
                                None if i == members[0] else cases[members[0]])
 
     def _judge(self, w: _Worker, case: Any, msg: tuple | None) -> Any:
-        from verify.check import Verdict
+        from flashcheck.verify.check import Verdict
 
         elapsed = time.perf_counter() - w.t0
         if msg is not None and msg[0] == "verdict":
@@ -746,7 +747,7 @@ class Supervisor:
         """The in-flight file becomes the failure: written before anything else happens."""
         if self.failures_dir is None:
             return
-        from verify.sweep import write_failure
+        from flashcheck.verify.sweep import write_failure
 
         write_failure(self.failures_dir, case, verdict, kernel_spec=self.spec,
                       device=self.device)

@@ -19,8 +19,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from verify import report as R
-from verify.progress import Progress
+from flashcheck.verify import report as R
+from flashcheck.verify.progress import Progress
+
+# The "not run" reason of the cases an interrupt (Ctrl-C, SIGTERM) left unchecked; callers
+# that go on after run_cases (the pytest plugin) read it to stop too.
+INTERRUPTED = "interrupted before this case ran"
 
 
 def case_digest(case: Any) -> str:
@@ -66,7 +70,7 @@ def write_failure(out_dir: str | Path, case: Any, verdict: Any, *, kernel_spec: 
     A case built on captured tensors gets its tensor file copied beside the case file, where
     ``load_case_file``'s caller (``repro``) looks for it.
     """
-    from verify.cases import TensorCase, save_case_file
+    from flashcheck.verify.cases import TensorCase, save_case_file
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -88,7 +92,8 @@ def run_cases(kernel: Any, cases: Iterable[Any], device: str, *, kernel_spec: st
               failures_dir: str | Path | None, what: str = "cases",
               quiet: bool = False, budget_s: float | None = None,
               jobs: int = 1, case_timeout: float | None = None,
-              strict_subnormals: bool = False) -> list[dict[str, Any]]:
+              strict_subnormals: bool = False,
+              supervisor: Any | None = None) -> list[dict[str, Any]]:
     """Check every case; returns the report records, in the order of ``cases``. Failures are
     written when a dir is given.
 
@@ -98,16 +103,23 @@ def run_cases(kernel: Any, cases: Iterable[Any], device: str, *, kernel_spec: st
     (``case_timeout``, default derived from observed case times) or a CUDA error fails that
     case alone (``crashed`` / ``timeout`` / ``cuda_error``) and its worker is replaced.
 
+    ``supervisor``: a :class:`~verify.supervise.Supervisor` to run the cases in, left open,
+    so its workers (kernel imported, Triton kernels compiled) serve the next call too: the
+    pytest plugin runs one configuration per call. Its own ``failures_dir``, case timeout,
+    threads and ``strict_subnormals`` apply; pass the same ``failures_dir`` here. None: a
+    supervisor is started for this call and closed at its end.
+
     No result is lost to a time limit or an interrupt: once ``budget_s`` seconds have passed,
     or on Ctrl-C / SIGTERM, the cases not yet checked are recorded as "not run" with that
     reason, and the caller still writes its report. Raised, crashed and timeout failures with
     one root cause (:func:`verify.supervise.root_cause`) share one failure file: the smallest
     case, with the number of cases and configurations it hit.
     """
+    import contextlib
     import signal
     import time
 
-    from verify.supervise import Supervisor
+    from flashcheck.verify.supervise import Supervisor
 
     if not (isinstance(jobs, int) and jobs >= 1):
         raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
@@ -135,17 +147,19 @@ def run_cases(kernel: Any, cases: Iterable[Any], device: str, *, kernel_spec: st
         # The cores are shared out between the workers (see verify/supervise.py).
         threads = max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) // jobs))
     try:
+        own = supervisor is None
         with Progress(what, len(cases), quiet=quiet) as bar, \
-                Supervisor(kernel_spec, device, case_timeout=case_timeout,
-                           failures_dir=failures_dir, threads=threads,
-                           strict_subnormals=strict_subnormals) as sup:
+                (Supervisor(kernel_spec, device, case_timeout=case_timeout,
+                            failures_dir=failures_dir, threads=threads,
+                            strict_subnormals=strict_subnormals) if own
+                 else contextlib.nullcontext(supervisor)) as sup:
             if cases:
                 sup.start()
             try:
                 sup.run(cases, jobs=min(jobs, max(1, len(cases))), results=results, stop=stop,
                         on_result=lambda i, v: bar.advance(cases[i].short()[:60]))
             except KeyboardInterrupt:
-                stop_reason = "interrupted before this case ran"
+                stop_reason = INTERRUPTED
     finally:
         signal.signal(signal.SIGTERM, previous)
     if stop_reason is None and budget_s is not None:
@@ -188,7 +202,7 @@ def consolidate(cases: list[Any], verdicts: list[Any], failures_dir: str | Path 
     ``observations["root_cause"] = {"key", "hits", "configurations"}``; every other verdict of
     that cause points to the kept file (``case_file``) and its own file, if one was written,
     is removed."""
-    from verify.supervise import root_cause
+    from flashcheck.verify.supervise import root_cause
 
     groups: dict[tuple, list[int]] = {}
     for i, v in enumerate(verdicts):
@@ -217,7 +231,7 @@ def _budget_reason(budget_s: float) -> str:
 
 
 def _not_run(case: Any, kernel_spec: str, device: str, reason: str) -> dict[str, Any]:
-    from verify.check import Verdict
+    from flashcheck.verify.check import Verdict
 
     verdict = Verdict(case=case, kernel=kernel_spec, device=device, status="not_run",
                       reason=reason)
@@ -236,7 +250,7 @@ class Prefetch:
     def __init__(self, cases: list[Any]):
         import concurrent.futures as cf
 
-        from verify.cases import Case
+        from flashcheck.verify.cases import Case
 
         self._cases = cases
         self._is_case = Case

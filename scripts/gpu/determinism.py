@@ -17,7 +17,7 @@ import time
 
 import torch
 
-import kernels
+from flashcheck import kernels
 
 
 def _run(q, k, v, do, **kw):

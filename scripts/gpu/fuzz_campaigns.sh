@@ -40,7 +40,7 @@ expect() {  # expect NAME WANT_RC GOT_RC [GREP_PATTERN FILE]
 fuzz() {  # fuzz NAME SECONDS ARGS...: one campaign, its log and exit status
   local name=$1 t=$2; shift 2
   el "fuzz $name" >&2
-  timeout -s TERM "$t" python -m verify fuzz --device "$DEVICE" --out "$R/$name" "$@" \
+  timeout -s TERM "$t" python -m flashcheck fuzz --device "$DEVICE" --out "$R/$name" "$@" \
     > "$R/$name.log" 2>&1
   echo $?
 }
@@ -48,7 +48,7 @@ replay() {  # replay NAME KERNEL CLASS: the campaign's failure file in a fresh p
   local name=$1 kernel=$2 cls=$3 f
   f=$(ls "$R/$name/failures/"*.json 2>/dev/null | head -1)
   if [ -z "$f" ]; then echo "FAIL $name: no failure file" | tee -a "$SUMMARY"; return; fi
-  python -m verify repro "$f" --kernel "$kernel" --device "$DEVICE" > "$R/$name-repro.log" 2>&1
+  python -m flashcheck repro "$f" --kernel "$kernel" --device "$DEVICE" > "$R/$name-repro.log" 2>&1
   expect "$name replay" 1 $? "$cls" "$R/$name-repro.log"
 }
 {
@@ -75,7 +75,7 @@ if has illegal || has faultrun; then
   K=tests/misbehaving_triton.py
   el "run --jobs 4 (sweep with faults)"
   t_run=$(date +%s)
-  timeout -s TERM $((RUN_S + 60)) python -m verify run --kernel $K:illegal_address_large --device "$DEVICE" \
+  timeout -s TERM $((RUN_S + 60)) python -m flashcheck run --kernel $K:illegal_address_large --device "$DEVICE" \
     --jobs 4 --budget-s "$RUN_S" --out "$R/illegal_run" --quiet > "$R/illegal_run.log" 2>&1
   rc=$?
   expect "illegal_run: sweep exits 1 and keeps every record" 1 "$rc" "cuda_error" \

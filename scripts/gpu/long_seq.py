@@ -150,7 +150,7 @@ def _sdpa_baseline(q, k, v, do, causal: bool, device: str):
 
 def _warm_up_oracle(d: int, device: str) -> None:
     """A tiny float64 forward and backward, so that library start-up is not timed."""
-    import reference
+    from flashcheck import reference
 
     q, k, v, do = (t.to(torch.float64) for t in _inputs(8, d, torch.float32, 0, device))
     _fwd_bwd(reference.attention_fp64, q, k, v, do, device)
@@ -159,8 +159,7 @@ def _warm_up_oracle(d: int, device: str) -> None:
 def run_config(n: int, d: int, dtype_name: str, causal: bool, *, device: str, seed: int,
                baseline: bool, kernel_repeats: int = 2) -> dict:
     """One (dtype, causal) configuration: kernel, baseline, oracle; the result record."""
-    import kernels
-    import reference
+    from flashcheck import kernels, reference
 
     rec = {"n": n, "d": d, "dtype": dtype_name, "causal": causal, "device": device}
     reason = kernels.attention.capabilities.get("not_run", {}).get(

@@ -26,9 +26,8 @@ import json
 import sys
 
 import torch
-
-from verify.cases import load_case_file
-from verify.check import _allowed_bias
+from flashcheck.verify.cases import load_case_file
+from flashcheck.verify.check import _allowed_bias
 
 
 def _stages(allowed, bias, scale):
@@ -92,7 +91,7 @@ def _backend_grads(inp, allowed, bias, is_causal, device):
 
 def _backend_rows(case, inp, allowed, bias, device, spacing):
     """The backend's gradients: device against CPU, and each against float64."""
-    from verify.check import _reference
+    from flashcheck.verify.check import _reference
 
     plain_causal = (case.is_causal and case.causal_alignment == "top_left"
                     and case.window is None and case.mask["kind"] == "none")

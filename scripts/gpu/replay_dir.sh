@@ -7,7 +7,7 @@ D=${1:?case-file directory}; L=${2:-gpu_out/replays}; mkdir -p "$L"
 for f in "$D"/*.json; do
   k=$(python3 -c "import json,sys;print(json.load(open(sys.argv[1]))['kernel'])" "$f")
   n=$(basename "$f" .json)
-  ( python3 -m verify repro "$f" --kernel "$k" --device cuda > "$L/$k-$n.log" 2>&1
+  ( python3 -m flashcheck repro "$f" --kernel "$k" --device cuda > "$L/$k-$n.log" 2>&1
     echo "exit=$?" >> "$L/$k-$n.log" ) &
 done
 wait

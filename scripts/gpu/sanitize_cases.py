@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-import kernels
+from flashcheck import kernels
 
 
 def main(argv=None) -> int:

@@ -53,13 +53,13 @@ trap pack EXIT
 
 NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SchedulerStats"
 # One kernel's GPU-profile report: rep KERNEL JOBS SECONDS (the budget leaves 25 s to write).
-rep() { local k=$1 j=$2 t=$3; timeout -s TERM "$t" python3 -m verify run --kernel "$k" \
+rep() { local k=$1 j=$2 t=$3; timeout -s TERM "$t" python3 -m flashcheck run --kernel "$k" \
   --device cuda --profile gpu --jobs "$j" --out "$R/reports/$k" --budget-s $((t-25)) -q \
   > "$R/run-$k.log" 2>&1; echo "exit=$?" >> "$R/run-$k.log"; }
 
 if has bench; then
   el bench
-  timeout -s TERM "${BENCH_S:-560}" python3 -m kernels.bench --prewarm "${PREWARM:-14}" \
+  timeout -s TERM "${BENCH_S:-560}" python3 -m flashcheck.kernels.bench --prewarm "${PREWARM:-14}" \
     --prewarm-timeout-s "${PREWARM_S:-200}" --budget-s "${BUDGET_S:-330}" --out "$R/bench" \
     ${BENCH_ARGS:-} > "$R/bench.log" 2>&1
   el "bench exit=$?"
@@ -82,11 +82,11 @@ if has family; then
   fi
   export OMP_NUM_THREADS=1
   for k in flex sdpa-flash sdpa-efficient sdpa-cudnn sdpa-math triton triton-fa1; do
-    job "fuzz-$k" $(( ${FUZZ_MIN:-6} * 60 + ${FUZZ_GRACE:-150} )) python3 -m verify fuzz --kernel "$k" --device cuda \
+    job "fuzz-$k" $(( ${FUZZ_MIN:-6} * 60 + ${FUZZ_GRACE:-150} )) python3 -m flashcheck fuzz --kernel "$k" --device cuda \
       --minutes "${FUZZ_MIN:-6}" --keep-going --seed "${FUZZ_SEED:-20261201}" --out "$R/fuzz/$k"
   done
   [ "${FAMILY_MUTANTS:-1}" = 1 ] && for m in pv_fp16_accumulation p_bf16_for_fp16 lse_input_dtype fp16_accumulation; do
-    job "mutant-$m" 300 python3 -m verify fuzz --kernel "verify/mutants/$m.py:attention" \
+    job "mutant-$m" 300 python3 -m flashcheck fuzz --kernel "verify/mutants/$m.py:attention" \
       --device cuda --examples 200 --seed 0 --out "$R/mutants/$m"
   done
 fi
@@ -94,7 +94,7 @@ if has gate; then
   for step in update run1 run2; do
     el "gate $step"
     flag=; [ "$step" = update ] && flag=--update
-    timeout -s TERM "${GATE_S:-240}" python3 -m verify gate --device cuda --jobs "${GATE_JOBS:-12}" \
+    timeout -s TERM "${GATE_S:-240}" python3 -m flashcheck gate --device cuda --jobs "${GATE_JOBS:-12}" \
       --quiet $flag --out "$R/gate-$step" > "$R/gate-$step.log" 2>&1
     el "gate $step exit=$?" | tee -a "$R/gate-$step.log"
   done
@@ -143,7 +143,7 @@ if has repro; then  # in the background, beside the phases after it
   for f in docs/reports/h200/earlier-failures/triton/*.json; do
     for k in triton triton-fa1; do
       el "repro $k $(basename "$f")"
-      timeout -s TERM 120 python3 -m verify repro "$f" --kernel $k --device cuda \
+      timeout -s TERM 120 python3 -m flashcheck repro "$f" --kernel $k --device cuda \
         > "$R/repro-$k-$(basename "$f" .json).log" 2>&1
       el "repro exit=$?"
     done

@@ -11,7 +11,7 @@ import torch
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import kernels
+from flashcheck import kernels
 
 
 def err(a, b):

@@ -31,10 +31,9 @@ import sys
 import time
 
 import torch
-
-from verify.adapters import resolve_kernel
-from verify.strategies import fixed_sweep
-from verify.sweep import run_cases
+from flashcheck.verify.adapters import resolve_kernel
+from flashcheck.verify.strategies import fixed_sweep
+from flashcheck.verify.sweep import run_cases
 
 
 def small_cases(profile: str, max_n: int, copies: int) -> tuple[list, list]:

@@ -46,8 +46,7 @@ import contextlib
 import math
 
 import torch
-
-from reference._validate import (
+from flashcheck.reference._validate import (
     ORDERS,
     PRECISIONS,
     Problem,
@@ -55,7 +54,7 @@ from reference._validate import (
     check_block,
     check_choice,
 )
-from reference.masks import combined_mask
+from flashcheck.reference.masks import combined_mask
 
 # ---------------------------------------------------------------- the (m, ℓ) recurrence
 

@@ -4,7 +4,7 @@ fp32 accumulation, P and dS rounded to the input dtype, key tiles of 16, FA2 bac
 the reference point of the catalogue: if it failed, kills of its mutants would prove nothing.
 """
 
-from verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._blocked import BlockedAttention
 
 attention = BlockedAttention()
 capabilities = attention.capabilities

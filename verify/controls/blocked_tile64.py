@@ -5,7 +5,7 @@ not the error class (same roundings of P, dS and the result), so it must pass. C
 Nk <= 64 it is a single tile, i.e. the plain (non-online) softmax with rounded P.
 """
 
-from verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._blocked import BlockedAttention
 
 
 class _Tile64(BlockedAttention):

@@ -12,7 +12,7 @@ default 1/sqrt(D) at D = 4, 16, 64, 256), except where scale * dS falls below th
 normal of the input dtype and its rounding grid is absolute.
 """
 
-from verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._blocked import BlockedAttention
 
 
 class _DsScaledBeforeRound(BlockedAttention):

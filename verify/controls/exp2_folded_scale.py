@@ -12,8 +12,7 @@ or so; the change is far below the rounding of P to the input dtype. Correct.
 import math
 
 import torch
-
-from verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._blocked import BlockedAttention
 
 LOG2E = math.log2(math.e)
 

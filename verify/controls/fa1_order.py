@@ -7,8 +7,7 @@ roundings per tile, so this must pass. Backward as in FA2 (it needs only O and l
 """
 
 import torch
-
-from verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._blocked import BlockedAttention
 
 
 class _Fa1Order(BlockedAttention):

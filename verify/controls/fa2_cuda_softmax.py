@@ -14,8 +14,7 @@ family member ``fa2_cuda_softmax`` (reference/family.py) makes the same choices.
 import math
 
 import torch
-
-from verify.mutants._blocked import NEG_INF, BlockedAttention
+from flashcheck.verify.mutants._blocked import NEG_INF, BlockedAttention
 
 LOG2E = math.log2(math.e)
 

@@ -15,8 +15,7 @@ common in long or peaked rows, the dropped mass is largest.
 """
 
 import torch
-
-from verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._blocked import BlockedAttention
 
 
 class _FlushToZero(BlockedAttention):

@@ -6,7 +6,7 @@ harness whose bound is "k times the baseline error" must still pass it: being be
 the baseline is never a failure.
 """
 
-from verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._blocked import BlockedAttention
 
 
 class _Fp32Throughout(BlockedAttention):

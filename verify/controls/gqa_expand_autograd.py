@@ -10,7 +10,7 @@ path (autograd instead of an explicit at::sum). Correct; it costs Hq/Hkv times t
 memory, which is why fused kernels avoid it.
 """
 
-from verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._blocked import BlockedAttention
 
 
 class _GqaExpandAutograd(BlockedAttention):

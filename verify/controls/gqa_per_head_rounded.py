@@ -10,7 +10,7 @@ input-dtype rounding, so dK and dV are a little less accurate for Hq/Hkv > 1; it
 correct kernel. No effect when Hq == Hkv (the per-head value is rounded once either way).
 """
 
-from verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._blocked import BlockedAttention
 
 
 class _GqaPerHeadRounded(BlockedAttention):

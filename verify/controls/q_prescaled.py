@@ -17,8 +17,8 @@ by up to u·|s|, which at large logits changes the softmax itself, so the harnes
 kernel against that member only when the kernel says it makes the choice.
 """
 
-from verify.mutants._blocked import BlockedAttention
-from verify.mutants._common import full_capabilities
+from flashcheck.verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._common import full_capabilities
 
 
 class _QPrescaled(BlockedAttention):

@@ -4,7 +4,7 @@ Forward only, fp16 and fp32 (see verify/mutants/_triton_fwd.py for why). If it f
 of the Triton mutants would prove nothing.
 """
 
-from verify.mutants._triton_fwd import TritonForward
+from flashcheck.verify.mutants._triton_fwd import TritonForward
 
 attention = TritonForward()
 capabilities = attention.capabilities

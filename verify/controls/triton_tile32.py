@@ -4,7 +4,7 @@ Another tiling of the same algorithm (different rescale points and tail tiles), 
 pass. Forward only, fp16 and fp32.
 """
 
-from verify.mutants._triton_fwd import TritonForward
+from flashcheck.verify.mutants._triton_fwd import TritonForward
 
 
 class _Tile32(TritonForward):

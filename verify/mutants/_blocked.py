@@ -42,9 +42,8 @@ fast kernel. Dropout is not supported (raises NotImplementedError).
 from __future__ import annotations
 
 import torch
-
-from reference.masks import structural_mask
-from verify.mutants._common import Problem, additive_bias, check_args, full_capabilities
+from flashcheck.reference.masks import structural_mask
+from flashcheck.verify.mutants._common import Problem, additive_bias, check_args, full_capabilities
 
 NEG_INF = float("-inf")
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 import math
 
 import torch
-
-from reference._validate import Problem  # the validated shape and flags of one call
+from flashcheck.reference._validate import Problem  # the validated shape and flags of one call
 
 DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 ALIGNMENTS = ("top_left", "bottom_right")

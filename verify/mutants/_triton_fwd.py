@@ -26,8 +26,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from verify.mutants._common import additive_bias, check_args, full_capabilities
+from flashcheck.verify.mutants._common import additive_bias, check_args, full_capabilities
 
 BLOCK = 16  # the default tile; tl.dot needs every block dimension >= 16
 INTERPRETED = None  # set below, once the kernel is defined

@@ -5,7 +5,7 @@ Nq != Nk the causal and window rules sit on the wrong diagonal. Bites when
 causal_alignment="bottom_right", Nq != Nk, and is_causal or a window is set.
 """
 
-from verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._blocked import BlockedAttention
 
 
 class _CausalAlignmentIgnored(BlockedAttention):

@@ -6,8 +6,7 @@ case with Nk > 1 where some row i has i + off + 1 < Nk); windows and masks are u
 """
 
 import torch
-
-from verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._blocked import BlockedAttention
 
 
 class _CausalOffByOne(BlockedAttention):

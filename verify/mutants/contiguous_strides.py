@@ -6,7 +6,7 @@ padded N stride) is read at the wrong addresses. Bites on every non-contiguous l
 contiguous inputs it is exact.
 """
 
-from verify.mutants._triton_fwd import TritonForward
+from flashcheck.verify.mutants._triton_fwd import TritonForward
 
 
 class _ContiguousStrides(TritonForward):

@@ -5,7 +5,7 @@ backward on every case with a non-empty row and scale != 1 (the default 1/sqrt(D
 D > 1).
 """
 
-from verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._blocked import BlockedAttention
 
 
 class _DkUnscaled(BlockedAttention):

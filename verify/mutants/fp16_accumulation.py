@@ -9,8 +9,7 @@ to the dtype's unit roundoff, never by a loose atol.
 """
 
 import torch
-
-from verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._blocked import BlockedAttention
 
 
 class _Fp16Accumulation(BlockedAttention):

@@ -7,8 +7,7 @@ Hq / Hkv > 1; without GQA each kv head has one writer and the result is right.
 """
 
 import torch
-
-from verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._blocked import BlockedAttention
 
 
 class _GqaGradOverwrite(BlockedAttention):

@@ -6,8 +6,7 @@ Hq / Hkv > 1, in the forward and (through the same map) in the backward.
 """
 
 import torch
-
-from verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._blocked import BlockedAttention
 
 
 class _GqaHeadMapping(BlockedAttention):

@@ -7,8 +7,7 @@ Bites when Nk > LONG_N and a row has allowed keys at odd positions with weight.
 """
 
 import torch
-
-from verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._blocked import BlockedAttention
 
 LONG_N = 32  # two 16-key tiles: the longest sequence a one-or-two-tile smoke test uses
 

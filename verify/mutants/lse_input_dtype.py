@@ -10,7 +10,7 @@ are close, only several times too inaccurate (1.4-7x the baseline's error on nor
 at N <= 128, orders of magnitude with large logits); fp32 inputs are unaffected.
 """
 
-from verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._blocked import BlockedAttention
 
 
 class _LseInputDtype(BlockedAttention):

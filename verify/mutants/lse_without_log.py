@@ -5,7 +5,7 @@ unnormalised (scaled by l >= 1), so dQ, dK and dV are all wrong. Bites only in t
 on any row with more than one allowed key (a row with one key has l = 1 and log l = 0).
 """
 
-from verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._blocked import BlockedAttention
 
 
 class _LseWithoutLog(BlockedAttention):

@@ -6,7 +6,7 @@ key padding with different lengths); a mask broadcast over the batch (size-1 bat
 stride) is unaffected.
 """
 
-from verify.mutants._triton_fwd import TritonForward
+from flashcheck.verify.mutants._triton_fwd import TritonForward
 
 
 class _MaskBatch0(TritonForward):

@@ -8,8 +8,7 @@ every input whose scale is not 1 (the default 1/sqrt(D) is not 1 for D > 1).
 """
 
 import torch
-
-from verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._blocked import BlockedAttention
 
 
 class _MutatesInputs(BlockedAttention):

@@ -6,7 +6,7 @@ with Nq > Nk, windows that leave a row empty) and also on rows whose first key t
 all masked (sliding windows, -inf biases), where the NaN of the empty tile is carried on.
 """
 
-from verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._blocked import BlockedAttention
 
 
 class _NanDeadRows(BlockedAttention):

@@ -11,8 +11,7 @@ roundoff can see.
 """
 
 import torch
-
-from verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._blocked import BlockedAttention
 
 
 class _NoMaxSubtraction(BlockedAttention):

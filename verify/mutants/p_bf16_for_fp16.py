@@ -10,8 +10,7 @@ is caught only by a bound tied to fp16's unit roundoff, not by a bf16-sized tole
 """
 
 import torch
-
-from verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._blocked import BlockedAttention
 
 
 class _PBf16ForFp16(BlockedAttention):

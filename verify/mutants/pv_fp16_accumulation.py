@@ -15,8 +15,7 @@ is finer than the bf16 output rounding and it hides, except where fp16's range i
 """
 
 import torch
-
-from verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._blocked import BlockedAttention
 
 
 class _PvFp16Accumulation(BlockedAttention):

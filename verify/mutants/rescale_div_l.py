@@ -7,7 +7,7 @@ starts at zero); it bites whenever a query row gets weight from two or more key 
 i.e. Nk > 16 without masks that confine the row to one tile.
 """
 
-from verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._blocked import BlockedAttention
 
 
 class _RescaleDivL(BlockedAttention):

@@ -4,7 +4,7 @@ Bites when the caller passes a scale that is not 1/sqrt(D) (and the row has two 
 allowed keys with different scores). Cases that leave scale=None cannot see it.
 """
 
-from verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._blocked import BlockedAttention
 
 
 class _ScaleIgnored(BlockedAttention):

@@ -8,8 +8,7 @@ that share a shape compare against different answers. Bites on the second case o
 """
 
 import torch
-
-from verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._blocked import BlockedAttention
 
 
 class _ShapeCache(BlockedAttention):

@@ -7,7 +7,7 @@ takes softmax weight with a zero value vector: l is too large and the output shr
 (non-causal rows, or causal rows i >= Nk when Nq > Nk).
 """
 
-from verify.mutants._triton_fwd import TritonForward
+from flashcheck.verify.mutants._triton_fwd import TritonForward
 
 
 class _TailUnmasked(TritonForward):

@@ -8,8 +8,7 @@ Bites on every input, unless the memory happens to hold the answer.
 """
 
 import torch
-
-from verify.mutants._common import check_args, full_capabilities
+from flashcheck.verify.mutants._common import check_args, full_capabilities
 
 capabilities = full_capabilities(backward=False)
 

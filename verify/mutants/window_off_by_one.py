@@ -6,8 +6,7 @@ i.e. some row i has i + off - left in [0, Nk).
 """
 
 import torch
-
-from verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._blocked import BlockedAttention
 
 
 class _WindowOffByOne(BlockedAttention):

@@ -6,7 +6,7 @@ is wrong, so dQ and dK are wrong. Bites in the backward on every non-empty row (
 with one allowed key: there P = 1 and the right dS = dP - dO.O = 0, the wrong one is not).
 """
 
-from verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._blocked import BlockedAttention
 
 
 class _WrongDelta(BlockedAttention):

@@ -9,8 +9,7 @@ fp16 and fp32.
 """
 
 import torch
-
-from verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._blocked import BlockedAttention
 
 # The atol this kernel is built to slip under: the 1e-2 of common bf16 attention tests,
 # about 1.3 bf16 ulps at |out| = 1 (ulp = 2u = 2^-7 = 7.8e-3 with u = 2^-8).

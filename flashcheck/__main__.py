@@ -1,0 +1,5 @@
+import sys
+
+from flashcheck.verify.cli import main
+
+sys.exit(main())
