@@ -265,6 +265,10 @@ class Campaign:
         """Called with every verdict of the property (an extension point: the mutation
         self-test records them; verify/selftest.py)."""
 
+    def _n_not_run(self) -> int:
+        """Drawn cases the kernel did not run (domain), over the campaign so far."""
+        return sum(e[0] for e in self.not_run.values())
+
     def _count_not_run(self, reason: str) -> None:
         """Group "not run" reasons that differ only in numbers (``Nq=37`` and ``Nq=9``)."""
         from flashcheck.verify.supervise import normalise_message
@@ -297,10 +301,14 @@ class Campaign:
                 state["outcomes"].setdefault(case, []).append(_brief(verdict))
             if failing and verdict.failure == "timeout":
                 state["timeouts"] += 1
-            bar.advance(case.short()[:60])
             if verdict.status == "not_run":
+                # Not an example: --examples N counts judged cases (Hypothesis does not
+                # count a rejected draw towards max_examples either); the bar says how many
+                # were drawn and not run.
                 self._count_not_run(verdict.reason)
+                bar.advance(f"(+{self._n_not_run()} not run) {case.short()[:44]}", n=0)
                 reject()
+            bar.advance(case.short()[:60])
             ratio = error_ratio(verdict)
             target(min(ratio, TARGET_CAP) if math.isfinite(ratio) else TARGET_CAP,
                    label="error ratio")
@@ -642,7 +650,8 @@ class Campaign:
                 if self.probe_crash is not None:
                     self._record_probe_crash()
                 while self.probe_crash is None:
-                    left = (self.examples - self.calls) if self.examples is not None else 10**9
+                    left = ((self.examples - self.calls + self._n_not_run())
+                            if self.examples is not None else 10**9)
                     if left <= 0 or self._past_deadline():
                         break
                     state = {"key": None, "cls": None, "fresh": False, "fresh_runs": 0,
@@ -692,13 +701,13 @@ class Campaign:
                     self._record(state, stopped=True)
                 self._record_strays()
         wall = time.monotonic() - t0
-        print(f"fuzz: {self.calls} examples in {wall:.1f} s"
+        print(f"fuzz: {self.calls - self._n_not_run()} examples in {wall:.1f} s"
               + (" (interrupted)" if interrupted else "")
               + f"; {len(self.found)} distinct failure(s)"
               + (f" in {self.out / 'failures'}" if self.found else "")
               + f"; {self.sup.started} worker process(es)")
         if self.not_run:
-            n = sum(e[0] for e in self.not_run.values())
+            n = self._n_not_run()
             print(f"fuzz: {n} drawn case(s) not run (the kernel rejected them, or its declared "
                   f"supports() did); declare these in its capabilities (docs/contracts.md "
                   f"§2) so the campaign draws inside them:")

@@ -249,7 +249,7 @@ class FuzzItem(_Item):
         return self.path, None, f"flashcheck fuzz campaign ({FUZZ_ID})"
 
 
-class _Root(pytest.Collector):
+class FlashcheckRoot(pytest.Collector):
     """The parent of the plugin's items (node id ``flashcheck``; JUnit classname)."""
 
     def collect(self):  # the items are made by FlashcheckSession, not collected
@@ -292,7 +292,7 @@ class FlashcheckSession:
     @pytest.hookimpl(tryfirst=True)  # before -k / -m deselection, which then sees our items
     def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config,
                                       items: list[pytest.Item]) -> None:
-        root = _Root.from_parent(session, name=ROOT_ID, nodeid=ROOT_ID)
+        root = FlashcheckRoot.from_parent(session, name=ROOT_ID, nodeid=ROOT_ID)
         ours: list[pytest.Item] = []
         if self.s.minutes > 0:  # first: the longest item starts early under xdist
             ours.append(FuzzItem.from_parent(root, name=FUZZ_ID, session_plugin=self))
