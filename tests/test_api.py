@@ -56,7 +56,7 @@ def test_cases_stay_inside_the_kernels_declared_domain(case):
 def test_installs_one_name_only(tmp_path):
     """The wheel holds flashcheck/ (with verify, kernels, reference under it) and its
     dist-info: no top-level verify/, kernels/ or reference/ to shadow a kernel repo's own."""
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
                     "-q", "-w", str(tmp_path), str(ROOT)], check=True, capture_output=True)
     (wheel,) = tmp_path.glob("flashcheck-*.whl")
     names = zipfile.ZipFile(wheel).namelist()

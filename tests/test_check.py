@@ -11,7 +11,7 @@ import torch
 from flashcheck.verify.cases import Case
 from flashcheck.verify.check import Verdict, check_case, check_nan_propagation, error_ratio
 
-from tests.fixtures_kernels import blocked_attention
+from tests.fixtures_kernels import amplified, blocked_attention
 
 CASE = Case(B=1, Hq=2, Hkv=2, Nq=16, Nk=24, D=16, dtype="float16", is_causal=True, seed=5)
 SAME_SHAPE_OTHER_SEED = Case(B=1, Hq=2, Hkv=2, Nq=16, Nk=24, D=16, dtype="float16",
@@ -306,9 +306,42 @@ FTZ_SMALL_DO = Case(B=1, Hq=3, Hkv=3, Nq=26, Nk=26, D=128, dtype="float16", scal
                     grad_dist={"kind": "normal", "sigma": 0.001}, seed=3)
 
 
-def test_flush_to_zero_control_with_small_fp16_gradients_passes():
-    v = check_case("verify/controls/flush_to_zero.py:attention", FTZ_SMALL_DO, "cpu")
+# Found by a 1,500-example campaign of the control: its dq 12x the ftz member's error at the
+# element (dS_ij under fp16's 6.1e-5 differ between the two realisations), within K of the
+# member's row maximum.
+FTZ_ROWS = (
+    Case(B=1, Hq=2, Hkv=2, Nq=58, Nk=58, D=55, dtype="float16",
+         grad_dist={"kind": "normal", "sigma": 0.001}, seed=0),
+    Case(B=1, Hq=1, Hkv=1, Nq=20, Nk=61, D=59, dtype="float16",
+         mask={"kind": "key_padding", "shape": "bhqk", "lengths": [24]}, scale=0.01,
+         dist={"kind": "uniform", "a": 4.0}, grad_dist={"kind": "normal", "sigma": 0.001},
+         seed=40200),
+)
+
+
+# bf16 dO = tiny, scale 3.6: every dS_ij of key 23 below bf16's smallest normal, flushed; dk
+# 0 where the exact value is 1.4e-37 (ftz_allowance's operand term).
+FTZ_OPERAND = Case(B=1, Hq=1, Hkv=1, Nq=31, Nk=31, D=9, dtype="bfloat16", is_causal=True,
+                   scale=3.625, dist={"kind": "constant_rows"},
+                   grad_dist={"kind": "tiny", "factor": 1.0}, seed=2146)
+
+
+@pytest.mark.parametrize("case", (FTZ_SMALL_DO, *FTZ_ROWS, FTZ_OPERAND), ids=lambda c: c.short())
+def test_flush_to_zero_control_with_small_fp16_gradients_passes(case):
+    v = check_case("verify/controls/flush_to_zero.py:attention", case, "cpu")
     assert v.status == "pass", v.summary()
+
+
+def test_flush_allowance_does_not_excuse_a_wrong_kernel_on_flushed_rows():
+    """Flushed rows leave the RMSE rule, so there the elementwise rule alone separates: K x
+    the member's row maximum. A kernel with 4x the control's error (4x a correct flushing
+    kernel's) fails on dq."""
+    from flashcheck.verify.controls.flush_to_zero import attention as ftz
+
+    for case in FTZ_ROWS:
+        bad = check_case(amplified(ftz, 4.0), case, "cpu")
+        assert (bad.status, bad.failure) == ("fail", "numerical"), bad.summary()
+        assert not bad.tensors["dq"].passed
 
 
 def test_a_members_nan_does_not_disable_the_tensors_tolerance(monkeypatch):

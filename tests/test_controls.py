@@ -26,6 +26,7 @@ from tests.test_mutants import BASE, GRAD, _errors, _run, _tolerance
 CHOICE_CASES = {
     "gqa_per_head_rounded": dict(Hq=4, Hkv=1, Nk=32, dtype="float16", **GRAD),
     "gqa_expand_autograd": dict(Hq=4, Hkv=1, Nk=32, dtype="float16", **GRAD),
+    "gqa_group_fp32": dict(Hq=4, Hkv=1, Nq=40, Nk=32, dtype="float32", **GRAD),
     "flush_to_zero": dict(Nk=48, dtype="float16", dist={"kind": "large_logits"}, **GRAD),
     "exp2_folded_scale": dict(Nk=48, **GRAD),
     "q_prescaled": dict(Nk=48, D=32, dtype="bfloat16", **GRAD),
@@ -51,3 +52,22 @@ def test_control_makes_its_choice_and_stays_accurate(name):
     for t, (err, mag) in _errors(case, out, grads).items():
         tol = _tolerance(base_err[t][0], mag, case.torch_dtype)
         assert err <= tol, f"{name} on {case.short()}: {t} err {err:.3g} > {tol:.3g}"
+
+
+def test_tf32_control_is_judged_by_the_tf32_member():
+    """The TF32 control declares tf32: its fp32 cases are judged with the tf32 member (and
+    pass, naming it); the same kernel without the declaration fails, at ~2^13 x the IEEE
+    members' error."""
+    from flashcheck.verify.check import check_case
+    from flashcheck.verify.controls.tf32_matmuls import attention as tf32
+
+    case = Case(**{**BASE, "Nk": 48, "D": 32, "dtype": "float32", **GRAD})
+    v = check_case(tf32, case, "cpu", family="full")
+    assert v.status == "pass", v.summary()
+    assert "tf32" in {t.member for t in v.tensors.values()}
+
+    def undeclared(*a, **kw):
+        return tf32(*a, **kw)
+    undeclared.capabilities = {k: x for k, x in tf32.capabilities.items() if k != "tf32"}
+    bad = check_case(undeclared, case, "cpu")
+    assert (bad.status, bad.failure) == ("fail", "numerical"), bad.summary()

@@ -518,9 +518,19 @@ TINY_ACC = torch.finfo(torch.float32).tiny
 
 
 def ftz_allowance(allowed: torch.Tensor, bias: torch.Tensor | None, shape: tuple,
-                  hkv: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+                  hkv: int, dtype: torch.dtype, operands: tuple | None = None
+                  ) -> dict[str, torch.Tensor]:
     """Per tensor, broadcastable to it: the largest change flushing can make (above).
-    ``shape`` is (B, Hq, Nq, Nk); ``allowed`` and ``bias`` broadcast to it."""
+    ``shape`` is (B, Hq, Nq, Nk); ``allowed`` and ``bias`` broadcast to it.
+
+    ``operands`` = (query, key, value, grad_out or None, scale): where the input dtype's
+    smallest normal is fp32's (bf16, fp32), a flushed *operand* of a product is covered too:
+    P_ij or dS_ij below tiny, dropped, moves element (i, d) of P@V, dS@K·scale, dSᵀQ·scale,
+    PᵀdO by less than tiny·|V_jd| (|K_jd|·scale, |Q_id|·scale, |dO_id|), summed over the
+    live terms. The product itself need not underflow (bf16 dO = tiny, scale 3.6: dk 0
+    where the exact value is 1.4e-37, 12 smallest normals, each dS_ij flushed; the member's
+    own flushing kept dS just above the threshold there). fp16's smallest normal is 6.1e-5:
+    its flushed operands are the ``ftz`` member's to explain, never this bound's."""
     b, hq, nq, nk = shape
     live = allowed if bias is None else allowed & (bias > -math.inf)
     live = live.expand(b, hq, nq, nk)
@@ -532,7 +542,20 @@ def ftz_allowance(allowed: torch.Tensor, bias: torch.Tensor | None, shape: tuple
     tiny_in = torch.finfo(dtype).tiny
     per_head = (hq // hkv) * tiny_in if hq != hkv and tiny_in <= TINY_ACC else 0.0
     rows = n_rows * TINY_ACC + per_head
-    return {"out": n_keys * TINY_ACC, "dq": n_keys * TINY_ACC, "dk": rows, "dv": rows}
+    allow = {"out": n_keys * TINY_ACC, "dq": n_keys * TINY_ACC, "dk": rows, "dv": rows}
+    if operands is not None and tiny_in <= TINY_ACC:
+        q, k, v, do, scale = operands
+        w = live.to(torch.float64)
+        k, v = (_expand_kv(t.to(torch.float64).abs(), hq) for t in (k, v))
+        aq = q.to(torch.float64).abs()
+        allow["out"] = allow["out"] + tiny_in * (w @ v)
+        allow["dq"] = allow["dq"] + tiny_in * scale * (w @ k)
+        allow["dk"] = allow["dk"] + _group_sum(tiny_in * scale * (w.transpose(-1, -2) @ aq),
+                                               hkv)
+        if do is not None:
+            ado = do.to(torch.float64).abs()
+            allow["dv"] = allow["dv"] + _group_sum(tiny_in * (w.transpose(-1, -2) @ ado), hkv)
+    return allow
 
 
 def tolerance(

@@ -388,10 +388,20 @@ def _family(inputs: Inputs, ref: dict, backward: bool, *, tf32: bool,
             stats += [e.max(), torch.sqrt((e ** 2).mean())] if e.numel() else [
                 torch.zeros((), dtype=torch.float64, device=e.device)] * 2
         if FTZ_MEMBER in res and BASELINE_MEMBER in res:
+            # Per row (the last dim: a query row of out/dq, a key row of dk/dv), the largest
+            # error of the member where its flushing changed the result, on every element of
+            # a row it changed. Which P_ij / dS_ij of row i fall under the threshold depends
+            # on rounding near it, and each dropped term reaches every d of the row through
+            # V_j, K_j or Q_i: another correct flushing kernel has errors of the same scale in
+            # that row, on other elements (the flush_to_zero control: up to 12x the member
+            # elementwise, 1.02x its row maximum, fp16 dO = normal(0.001)).
             touched = res[FTZ_MEMBER][n] != res[BASELINE_MEMBER][n]
-            ftz[n] = (torch.where(touched, abs_error(res[FTZ_MEMBER][n], ref[n]),
-                                  torch.zeros((), dtype=torch.float64, device=q.device)),
-                      touched)
+            e = torch.where(touched, abs_error(res[FTZ_MEMBER][n], ref[n]),
+                            torch.zeros((), dtype=torch.float64, device=q.device))
+            if e.dim():
+                e, touched = (e.amax(-1, keepdim=True).expand_as(e),
+                              touched.any(-1, keepdim=True).expand_as(touched))
+            ftz[n] = (e, touched)
     flat = torch.stack(stats).tolist() if stats else []  # one transfer: each float() syncs
     errs, who = {}, {}
     for i, n in enumerate(tensors):
@@ -590,7 +600,10 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
     ftz: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     overflow: dict[str, torch.Tensor] = {}
     scratch: list = []
-    fam_kw = dict(tf32=case.tf32, strict_subnormals=strict_subnormals,
+    # TF32 dot products: asked for by the case, or declared by the kernel (capabilities
+    # tf32=True: its fp32 products always round their operands to TF32).
+    tf32 = case.tf32 or (case.dtype == "float32" and k.declared.get("tf32") is True)
+    fam_kw = dict(tf32=tf32, strict_subnormals=strict_subnormals,
                   declared=k.declared.get("family", ()))
     if baseline:
         with clock("baseline"):
@@ -601,7 +614,7 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
         allowed, bias = _allowed_bias(inp)
         model = error_model(inp.query, inp.key, inp.value, inp.grad_out if backward else None,
                             allowed=allowed, bias=bias, scale=float(inp.effective_scale),
-                            dtype=case.dtype, tf32=case.tf32)
+                            dtype=case.dtype, tf32=tf32)
         # Copies stay on the device (metrics there are the bulk of a small case's time on
         # a GPU); the originals are poisoned below.
         ref = {n: t.to(torch.float64, copy=True) for n, t in ref_dev.items()}
@@ -616,7 +629,9 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
         flushed: dict[str, torch.Tensor] = {}
         flush = None if strict_subnormals else ftz_allowance(
             allowed, bias, (inp.query.shape[0], inp.query.shape[1], inp.query.shape[2],
-                            inp.key.shape[2]), inp.key.shape[1], inp.query.dtype)
+                            inp.key.shape[2]), inp.key.shape[1], inp.query.dtype,
+            operands=(inp.query, inp.key, inp.value, inp.grad_out if backward else None,
+                      float(inp.effective_scale)))
 
         def tolerances(errs: dict, ftz: dict) -> tuple[dict, dict]:
             """Tolerances, RMSE tolerances, and in ``flushed`` the elements in the

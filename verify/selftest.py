@@ -78,6 +78,7 @@ class CampaignResult:
     first_fail_s: float | None = None  # from the campaign's start to the first failing verdict
     first_fail_examples: int | None = None  # 1-based index of that example
     worst_ratio: float = 0.0  # over the examples that ran (not_run excluded)
+    worst: str = ""  # where it was: "tensor (elementwise|rmse, member) case"
     case_file: str | None = None  # the shrunk failure's case file
     shrunk: str = ""  # Case.short() of the shrunk failure
     caught_by: str = ""  # failure class: tensor (or reason)
@@ -166,6 +167,17 @@ def _ratio(verdict) -> float:
     return r if math.isfinite(r) else math.inf
 
 
+def _where(verdict) -> str:
+    """The tensor and rule behind a verdict's error ratio, and its case: a control whose
+    worst ratio nears 1 says where to look."""
+    if not verdict.tensors:
+        return verdict.case.short()
+    t = max(verdict.tensors.values(), key=lambda t: t.ratio)
+    rule = (f"rmse, {t.rmse_member or 'baseline'}" if t.ratio_rmse >= t.ratio
+            else f"elementwise, {t.member or 'baseline'}")
+    return f"{t.name} ({rule}) {verdict.case.short()}"
+
+
 def run_campaign(spec: str, device: str, *, seed: int, out: Path, seconds: float | None = None,
                  examples: int | None = None, quiet: bool = True) -> CampaignResult:
     """Fuzz ``spec`` on ``device`` with ``verify.fuzz.Campaign``, boxed by ``seconds`` or by
@@ -204,6 +216,8 @@ def run_campaign(spec: str, device: str, *, seed: int, out: Path, seconds: float
     res = CampaignResult(examples=len(seen), wall_s=wall)
     ran = [v for _, v in seen if v.status != "not_run"]
     res.worst_ratio = max((_ratio(v) for v in ran), default=0.0)
+    if ran:
+        res.worst = _where(max(ran, key=_ratio))
     for i, (t, v) in enumerate(seen):
         if v.status == "fail":
             res.first_fail_s, res.first_fail_examples = t, i + 1
@@ -226,7 +240,8 @@ def _merge(before: CampaignResult | None, res: CampaignResult) -> CampaignResult
         res.first_fail_examples += before.examples
     res.examples += before.examples
     res.wall_s += before.wall_s
-    res.worst_ratio = max(res.worst_ratio, before.worst_ratio)
+    if before.worst_ratio > res.worst_ratio:
+        res.worst_ratio, res.worst = before.worst_ratio, before.worst
     return res
 
 
@@ -336,7 +351,8 @@ def _kill_line(r: KillRow) -> str:
 def _control_line(r: ControlRow) -> str:
     res = r.result
     status = "pass" if r.passed else "FALSE ALARM"
-    extra = "" if r.passed else f"  {res.error or res.caught_by}  {res.shrunk}"
+    extra = (f"  at {res.worst}" if r.passed and res.worst else
+             "" if r.passed else f"  {res.error or res.caught_by}  {res.shrunk}")
     return (f"{status:<11} {r.name:<18} {res.examples:>4} ex  worst ratio "
             f"{_fmt_ratio(res.worst_ratio)}{extra}")
 

@@ -40,7 +40,11 @@ CONTROLS: tuple[Control, ...] = (
     Control("gqa_per_head_rounded",
             "GQA dK/dV rounded per query head, then summed (FA2 CUDA backward)"),
     Control("gqa_expand_autograd", "GQA by repeat_interleave of K/V; autograd sums dK/dV"),
-    Control("flush_to_zero", "subnormal inputs, P, dS and results flushed to zero (FTZ)"),
+    Control("gqa_group_fp32",
+            "GQA dK/dV: one fp32 accumulator per kv head, the group's heads added in turn"),
+    Control("flush_to_zero", "subnormals flushed to zero (FTZ/DAZ): fp32-range inputs, "
+                             "input-dtype P, dS and results"),
+    Control("tf32_matmuls", "every fp32 product's operands rounded to TF32 (declares tf32)"),
     Control("exp2_folded_scale", "scale * log2(e) as one fp32 constant, exp2, base-2 lse"),
     Control("q_prescaled", "Q * scale rounded to the input dtype before QK^T"),
     Control("fa2_cuda_softmax",

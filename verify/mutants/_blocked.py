@@ -17,6 +17,7 @@ so the bug is the only code in its module. The hooks, in the order they run:
 - `structure(Nq, Nk, ...)`: the (Nq, Nk) bool mask of causal/window rules.
 - `subnormals(t, dtype, read=False)`: applied to the inputs as read (`read=True`), P, dS and
   the results (default: kept).
+- `mm(a, b)`: every matrix product of the algorithm (default: fp32 `a @ b`).
 - `logits(q, k_tile, bias, scale, dtype)`: the scores of one key tile, in the units of `exp`.
 - `exp(x)`: the exponential of the online softmax and of the backward's recomputed P.
 - `running_max(m, s)`: the new running row max.
@@ -30,6 +31,8 @@ so the bug is the only code in its module. The hooks, in the order they run:
 - `ds_scales(scale)`: (factor on dS before it is rounded, factor on dS@K and dS^T@Q).
 - `round_ds(ds, dtype)`: dS as fed to the dQ/dK matmuls.
 - `dk_ds(ds_raw, ds)`: dS as fed to the dK matmul (FA2: the same rounded dS as dQ).
+- `kv_grad(a, b)`: aᵀ·b, one key tile of dV (a = P) or of dK before its scale (a = dS), per
+  query head.
 - `dk_tile(ds, q, scale)`: one key tile of dK (per query head).
 - `round_head_grad(g, dtype)`: dK/dV per query head before the GQA sum (default: fp32).
 - `reduce_kv_grad(g, kv_heads, shape)`: dK/dV per kv head from the per-query-head ones.
@@ -70,8 +73,14 @@ class BlockedAttention:
         return t
 
     def logits(self, q, k_tile, bias, scale: float, dtype: torch.dtype) -> torch.Tensor:
-        s = (q @ k_tile.transpose(-1, -2)) * scale
+        s = self.mm(q, k_tile.transpose(-1, -2)) * scale
         return s if bias is None else s + bias
+
+    def mm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a @ b
+
+    def kv_grad(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return self.mm(a.transpose(-1, -2), b)
 
     def exp(self, x: torch.Tensor) -> torch.Tensor:
         return torch.exp(x)
@@ -111,7 +120,7 @@ class BlockedAttention:
         return ds
 
     def dk_tile(self, ds: torch.Tensor, q: torch.Tensor, scale: float) -> torch.Tensor:
-        return (ds.transpose(-1, -2) @ q) * scale
+        return self.kv_grad(ds, q) * scale
 
     def round_head_grad(self, g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return g
@@ -173,7 +182,7 @@ class BlockedAttention:
             pt = self.exp(s - m_use[..., None])
             alpha = self.exp(m - m_use)
             l_new = alpha * l.float() + pt.sum(dim=-1)
-            pv = self.subnormals(self.round_p(pt, dtype), dtype) @ vf[..., lo:hi, :]
+            pv = self.mm(self.subnormals(self.round_p(pt, dtype), dtype), vf[..., lo:hi, :])
             acc = self.update(acc.float(), pv, alpha, l.float(), l_new).to(acc_dtype)
             l, m = l_new.to(acc_dtype), m_new
         out = self.finalize(acc.float(), l.float())
@@ -198,13 +207,13 @@ class BlockedAttention:
             s = self._scores(qf, k_t, allowed, bias, lo, hi, p, dtype)
             pt = self.exp(s - lse_use[..., None])
             p_r = self.subnormals(self.round_p(pt, dtype), dtype)
-            dv_h[..., lo:hi, :] = p_r.transpose(-1, -2) @ dof
-            dp = dof @ v_t.transpose(-1, -2)
+            dv_h[..., lo:hi, :] = self.kv_grad(p_r, dof)
+            dp = self.mm(dof, v_t.transpose(-1, -2))
             ds_raw = pt * (dp - delta[..., None])
             if ds_pre != 1.0:
                 ds_raw = ds_raw * ds_pre
             ds = self.subnormals(self.round_ds(ds_raw, dtype), dtype)
-            dq += (ds @ k_t) * ds_post
+            dq += self.mm(ds, k_t) * ds_post
             dk_h[..., lo:hi, :] = self.dk_tile(self.dk_ds(ds_raw, ds), qf, ds_post)
         dk = self.reduce_kv_grad(self.round_head_grad(dk_h, dtype), kvh, key.shape)
         dv = self.reduce_kv_grad(self.round_head_grad(dv_h, dtype), kvh, value.shape)
