@@ -199,6 +199,10 @@ def test_plugin_is_inert_without_a_kernel_and_checks_its_options(project):
          "--flashcheck-seed must be an integer in [0, 2**32)"),
         (["--flashcheck-kernel", "mod:attention", "--flashcheck-profile", "tpu"],
          "--flashcheck-profile must be cpu or gpu"),
+        (["--flashcheck-kernel", "mod:attention", "--flashcheck-case-timeout", "0"],
+         "--flashcheck-case-timeout must be a number > 0"),
+        (["--flashcheck-strict-subnormals"],
+         "--flashcheck-strict-subnormals: needs --flashcheck-kernel"),
     ]:
         r = _pytest(project, "--collect-only", "-q", *args)
         assert r.returncode == pytest.ExitCode.USAGE_ERROR, (args, r.stdout, r.stderr)

@@ -54,7 +54,7 @@ FUZZ_ID = "flashcheck-fuzz"
 ROOT_ID = "flashcheck"
 _SEED_LIMIT = 2**32  # Hypothesis seeds, as `flashcheck fuzz --seed`
 _OPTIONS = ("device", "minutes", "examples", "seed", "budgets", "out", "profile", "configs",
-            "corpus")
+            "corpus", "case_timeout", "strict_subnormals")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -84,12 +84,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "has * ? or [); repeatable, any match keeps one")
     group.addoption("--flashcheck-out", default=None, metavar="DIR",
                     help=f"case files of failures (default: {DEFAULT_OUT})")
+    group.addoption("--flashcheck-case-timeout", default=None, metavar="S",
+                    help="seconds one case may take before its worker is killed and the case "
+                         "fails as 'timeout', > 0 (default: as flashcheck fuzz, 60 s + 20x "
+                         "the median case time)")
+    group.addoption("--flashcheck-strict-subnormals", action="store_const", const=True,
+                    default=None, help="a subnormal result flushed to 0 fails, and "
+                                       "flush-to-zero leaves the family (as the CLI flag)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     spec = config.getoption("flashcheck_kernel")
     if spec is None:
-        given = [f"--flashcheck-{o}" for o in _OPTIONS
+        given = [f"--flashcheck-{o.replace('_', '-')}" for o in _OPTIONS
                  if config.getoption(f"flashcheck_{o}") is not None]
         if given:
             raise pytest.UsageError(f"{', '.join(given)}: needs --flashcheck-kernel SPEC")
@@ -130,6 +137,10 @@ class Settings:
         s = opt("flashcheck_seed")
         self.seed = DEFAULT_SEED if s is None else _number(
             "--flashcheck-seed", s, int, 0, _SEED_LIMIT, "an integer in [0, 2**32)")
+        t = opt("flashcheck_case_timeout")
+        self.case_timeout = None if t is None else _number(
+            "--flashcheck-case-timeout", t, float, math.ulp(0.0), None, "a number > 0")
+        self.strict_subnormals = bool(opt("flashcheck_strict_subnormals"))
         profile = opt("flashcheck_profile")
         if profile not in (None, "cpu", "gpu"):
             raise pytest.UsageError(f"--flashcheck-profile must be cpu or gpu, got {profile!r}")
@@ -316,7 +327,9 @@ class FlashcheckSession:
             from flashcheck.verify.supervise import Supervisor
 
             self._sup = Supervisor(self.s.spec, self.s.device,
-                                   failures_dir=self.s.out / "failures")
+                                   failures_dir=self.s.out / "failures",
+                                   case_timeout=self.s.case_timeout,
+                                   strict_subnormals=self.s.strict_subnormals)
         return self._sup
 
     def _report_header(self) -> dict[str, Any]:
@@ -372,7 +385,9 @@ class FlashcheckSession:
         s = self.s
         try:
             campaign = Campaign(None, kernel_spec=s.spec, device=s.device, out=s.out / "fuzz",
-                                minutes=s.minutes, seed=s.seed, quiet=True)
+                                minutes=s.minutes, seed=s.seed, quiet=True,
+                                case_timeout=s.case_timeout,
+                                strict_subnormals=s.strict_subnormals)
             # Both bounds (the CLI takes one): set after the check of __post_init__; the
             # campaign stops at whichever comes first.
             campaign.examples = s.examples
