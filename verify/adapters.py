@@ -174,7 +174,6 @@ def add_search_paths(paths=()) -> None:
 
 
 def _import(modname: str, spec: str):
-    add_search_paths()
     try:
         return importlib.import_module(modname)
     except ModuleNotFoundError as e:
@@ -326,6 +325,7 @@ def resolve_kernel(spec: str, device: str) -> Kernel:
     if where.endswith(".py") or os.sep in where or "/" in where:
         fn = _attr(_load_file(where, spec), attr, spec, f"file {where!r}")
     else:
+        add_search_paths()  # a user's module: from the working directory (ours never need it)
         fn = _attr(_import(where, spec), attr, spec, f"module {where!r}")
     return Kernel(name=attr.split(".")[-1], spec=spec, fn=fn, device=device)
 

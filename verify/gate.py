@@ -117,6 +117,19 @@ def load_corpus(corpus: Path) -> list[Any]:
     return [load_target(case_path=str(p), tensors_path=None).case for p in corpus_files(corpus)]
 
 
+def gate_cases(profile: str, corpus: Path) -> tuple[list[Any], list[Any], int]:
+    """The gate's cases: the fixed sweep of ``profile``, then the corpus files in name order;
+    per case its report key (None: the case's own ``config_key``; a corpus file:
+    :func:`regression_key`); and how many are sweep cases."""
+    from flashcheck.verify import strategies
+
+    sweep = list(strategies.fixed_sweep(profile))
+    files, regressions = corpus_files(corpus), load_corpus(corpus)
+    keys = [None] * len(sweep) + [regression_key(path, case.dtype)
+                                  for path, case in zip(files, regressions, strict=True)]
+    return sweep + regressions, keys, len(sweep)
+
+
 def budget_for(ratio: float, dtype: str) -> float:
     """The budget of a configuration of ``dtype`` whose committed worst ratio is ``ratio``."""
     if dtype not in HEADROOM:
@@ -241,27 +254,24 @@ def run_gate(kernel: Any, *, kernel_spec: str, device: str, profile: str, budget
              corpus: Path, update: bool, out: Path, quiet: bool = False,
              command: list[str] | None = None, jobs: int = 1, model: str = "cpu",
              case_timeout: float | None = None, strict_subnormals: bool = False) -> int:
-    from flashcheck.verify import strategies
     from flashcheck.verify.sweep import run_cases
 
     budgets = None if update and not budgets_path.exists() else load_budgets(budgets_path)
     if budgets is not None and not update:
         check_device_model(budgets, budgets_path, model)
-    files = corpus_files(corpus)
-    regressions = load_corpus(corpus)
-    sweep = list(strategies.fixed_sweep(profile))
-    cases = sweep + regressions
+    cases, keys, n_sweep = gate_cases(profile, corpus)
     records = run_cases(kernel, cases, device, kernel_spec=kernel_spec,
                         failures_dir=out / "failures", what=f"gate[{profile}]", quiet=quiet,
                         jobs=jobs, case_timeout=case_timeout,
                         strict_subnormals=strict_subnormals)
-    for rec, path, case in zip(records[len(sweep):], files, regressions, strict=True):
-        rec["config"] = regression_key(path, case.dtype)
+    for rec, key in zip(records, keys, strict=True):
+        if key is not None:
+            rec["config"] = key
     header = R.make_header(kernel=kernel_spec, device=device, command=command, profile=profile,
-                           regressions=len(regressions))
+                           regressions=len(cases) - n_sweep)
     rep = R.build_report(records, header=header)
     R.write_report(rep, out)
-    print(f"gate: {len(cases) - len(regressions)} sweep cases + {len(regressions)} regression "
+    print(f"gate: {n_sweep} sweep cases + {len(cases) - n_sweep} regression "
           f"cases from {corpus}; report in {out}")
     if update:
         failing = [c["label"] for c in rep["configs"] if c["status"] == "fail"]

@@ -193,23 +193,18 @@ class Settings:
         """The gate's configurations in label order: (label, cases, report key per case or
         None for the case's own ``config_key``), and how many there are before filtering.
         Deterministic (fixed sweep, sorted corpus files): xdist workers must agree."""
-        from flashcheck.verify import gate, strategies
+        from flashcheck.verify import gate
         from flashcheck.verify import report as R
 
-        groups: dict[str, tuple[list[Any], list[Any]]] = {}
-        for case in strategies.fixed_sweep(self.profile):
-            cases, keys = groups.setdefault(R.config_label(case.config_key()), ([], []))
-            cases.append(case)
-            keys.append(None)
         try:
-            files = gate.corpus_files(self.corpus)
-            corpus = gate.load_corpus(self.corpus)
+            all_cases, all_keys, self.n_sweep = gate.gate_cases(self.profile, self.corpus)
         except (OSError, ValueError) as e:
             raise pytest.UsageError(f"--flashcheck-corpus {self.corpus}: {e}") from None
-        self.n_sweep, self.n_regressions = sum(len(c) for c, _ in groups.values()), len(corpus)
-        for path, case in zip(files, corpus, strict=True):
-            key = gate.regression_key(path, case.dtype)
-            cases, keys = groups.setdefault(R.config_label(key), ([], []))
+        self.n_regressions = len(all_cases) - self.n_sweep
+        groups: dict[str, tuple[list[Any], list[Any]]] = {}
+        for case, key in zip(all_cases, all_keys, strict=True):
+            label = R.config_label(case.config_key() if key is None else key)
+            cases, keys = groups.setdefault(label, ([], []))
             cases.append(case)
             keys.append(key)
         labels = sorted(groups, key=R._natural)
