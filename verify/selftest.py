@@ -215,9 +215,9 @@ def run_campaign(spec: str, device: str, *, seed: int, out: Path, seconds: float
                            "_observe; the self-test cannot observe them")
     res = CampaignResult(examples=len(seen), wall_s=wall)
     ran = [v for _, v in seen if v.status != "not_run"]
-    res.worst_ratio = max((_ratio(v) for v in ran), default=0.0)
     if ran:
-        res.worst = _where(max(ran, key=_ratio))
+        worst = max(ran, key=_ratio)
+        res.worst_ratio, res.worst = _ratio(worst), _where(worst)
     for i, (t, v) in enumerate(seen):
         if v.status == "fail":
             res.first_fail_s, res.first_fail_examples = t, i + 1
