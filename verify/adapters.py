@@ -161,16 +161,19 @@ def _load_file(path: str, spec: str):
     return module
 
 
-def add_search_paths(paths=()) -> None:
+def add_search_paths(paths=()) -> list[str]:
     """Make ``MODULE:ATTR`` resolve as uvicorn and pytest resolve it: from the working
     directory first, then each of ``paths`` (``--path DIR``), ahead of site-packages. Our
     own code lives under the one name ``flashcheck``, so a kernel repository's own
-    ``verify/``, ``reference/`` or ``kernels/`` packages shadow nothing of ours."""
-    for d in (*reversed([os.path.abspath(p) for p in paths]), os.getcwd()):
+    ``verify/``, ``reference/`` or ``kernels/`` packages shadow nothing of ours. Returns
+    ``paths`` made absolute."""
+    dirs = [os.path.abspath(p) for p in paths]
+    for d in (*reversed(dirs), os.getcwd()):
         if not os.path.isdir(d):
             raise SpecError(f"--path {d!r}: not a directory")
         if d not in sys.path:
             sys.path.insert(0, d)
+    return dirs
 
 
 def _import(modname: str, spec: str):

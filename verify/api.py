@@ -52,8 +52,7 @@ def cases(kernel: Any = None, **bounds):
     spec string) supplies ``capabilities`` from its declared ``capabilities`` dict unless
     ``capabilities`` is given. Raises ValueError naming the argument on bad bounds."""
     if kernel is not None and "capabilities" not in bounds:
-        fn = as_kernel(kernel, "cpu").fn if isinstance(kernel, str) else kernel
-        bounds["capabilities"] = getattr(fn, "capabilities", None)
+        bounds["capabilities"] = as_kernel(kernel, "cpu").declared or None
     return _cases(**bounds)
 
 

@@ -359,9 +359,8 @@ def main(argv: list[str] | None = None) -> int:
             # Before any worker starts: the workers' interpreter inherits sys.path and
             # PYTHONPATH (a replay command printed later carries --path too).
             from flashcheck.verify.adapters import add_search_paths
-            add_search_paths(args.path)
             os.environ["PYTHONPATH"] = os.pathsep.join(
-                [os.path.abspath(d) for d in args.path]
+                add_search_paths(args.path)
                 + [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x])
         if args.command is None:
             parser.print_help()

@@ -14,7 +14,9 @@ from flashcheck.verify.mutants._blocked import BlockedAttention
 
 
 def _tf32(x: torch.Tensor) -> torch.Tensor:
-    """x rounded to 11 significant bits (ties away from zero), as fp32; inf/NaN kept."""
+    """x rounded to 11 significant bits (ties away from zero), as fp32; inf/NaN kept. Not
+    reference.round_tf32 (bit masking): a control that shared the member's code would pass
+    it by construction."""
     m, e = torch.frexp(x.double())  # x = m · 2^e, 0.5 <= |m| < 1: 11 bits are m · 2^11
     r = torch.ldexp(torch.sign(m) * torch.floor(m.abs() * 2048 + 0.5) / 2048, e)
     return torch.where(torch.isfinite(x), r, x.double()).float()
