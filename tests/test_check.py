@@ -281,6 +281,28 @@ def test_inf_where_a_family_member_overflows_is_accepted():
     assert (bad.status, bad.failure) == ("fail", "nonfinite"), bad.summary()
 
 
+# The controls campaign at seed 109821589: the exact dq[0, 1, 6, 6] is 75715, past fp16's
+# range; every member but q_prescaled overflows to inf, q_prescaled (the control's choice)
+# gives 63392.
+OVERFLOW_FINITE = Case(B=1, Hq=2, Hkv=1, Nq=24, Nk=24, D=48, dtype="float16", is_causal=True,
+                       dist={"kind": "normal", "sigma": 30.0},
+                       grad_dist={"kind": "normal", "sigma": 100.0}, seed=652217)
+
+
+def test_finite_where_the_exact_value_overflows_is_judged_by_the_tolerance():
+    """A finite value where the exact one rounds to inf is compared with the exact value
+    (a correct kernel's error can keep it in range); 4x that kernel's error there fails."""
+    from flashcheck.verify.controls.q_prescaled import attention as q_prescaled
+
+    v = check_case(q_prescaled, OVERFLOW_FINITE, "cpu")
+    assert v.status == "pass", v.summary()
+    worse = amplified(q_prescaled, 4.0)
+    worse.capabilities = dict(q_prescaled.capabilities)  # judged with its own member
+    bad = check_case(worse, OVERFLOW_FINITE, "cpu")
+    assert (bad.status, bad.failure) == ("fail", "numerical"), bad.summary()
+    assert not bad.tensors["dq"].passed
+
+
 FLUSH_AT_THRESHOLD = Case(B=1, Hq=1, Hkv=1, Nq=41, Nk=41, D=44, dtype="float16",
                           dist={"kind": "normal", "sigma": 0.1}, seed=4)
 
