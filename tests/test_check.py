@@ -9,7 +9,13 @@ import math
 import pytest
 import torch
 from flashcheck.verify.cases import Case
-from flashcheck.verify.check import Verdict, check_case, check_nan_propagation, error_ratio
+from flashcheck.verify.check import (
+    TensorReport,
+    Verdict,
+    check_case,
+    check_nan_propagation,
+    error_ratio,
+)
 
 from tests.fixtures_kernels import amplified, blocked_attention
 
@@ -383,3 +389,39 @@ def test_a_members_nan_does_not_disable_the_tensors_tolerance(monkeypatch):
     case = Case(B=1, Hq=1, Hkv=1, Nq=16, Nk=16, D=8, dtype="float16", seed=7)
     v = check_case("reference", case, "cpu")
     assert v.status == "pass" and math.isfinite(v.tensors["dk"].tol), v.summary()
+
+
+def test_message_names_what_set_the_tolerance():
+    """The failure line names what set the tolerance at the worst element: K x the family's
+    worst member, or the floor where every member is near exact (there "= 3 x member" would
+    misstate the rule)."""
+    spec = "verify/mutants/ds_bf16_for_dk.py:attention"
+    tiny = check_case(spec, Case(B=1, Hq=1, Hkv=1, Nq=3, Nk=3, D=1, dtype="float16", seed=0),
+                      "cpu")
+    dk = tiny.tensors["dk"]
+    assert not dk.passed and dk.tol_source == "floor", tiny.summary()
+    assert "= floor; 3 × family member" in dk.message()
+    big = check_case(spec, Case(B=1, Hq=2, Hkv=2, Nq=64, Nk=64, D=32, dtype="float16", seed=2),
+                     "cpu")
+    dk = big.tensors["dk"]
+    assert not dk.passed and dk.tol_source == "family", big.summary()
+    assert f"= 3 × family member {dk.member}" in dk.message()
+    assert TensorReport.from_dict(dk.to_dict()).tol_source == "family"
+
+
+def test_output_with_strides_on_size_one_dims_is_compared_bitwise():
+    """A kernel's output whose size-1 dims carry any strides (a transposed (B, N, H, D) buffer,
+    here stride 2 in the last dim) counts as contiguous; the forward-repeat comparison still
+    works on it (it raised inside the harness: "stride(-1) must be 1 to view Half as Byte")."""
+
+    def strided_out(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                    enable_gqa=False):
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
+        buf = torch.zeros(*o.shape[:-1], 2 * o.shape[-1], dtype=o.dtype)
+        buf[..., ::2] = o.detach()
+        return buf[..., ::2]  # stride 2 in the last dim (forward only)
+
+    case = Case(B=1, Hq=1, Hkv=1, Nq=1, Nk=1, D=1, dtype="float16", backward=False, seed=0)
+    v = check_case(strided_out, case, "cpu")
+    assert v.status == "pass", v.summary()

@@ -125,6 +125,11 @@ class TensorReport:
     # tolerances: the correct implementation choice this tensor is measured against.
     member: str = ""
     rmse_member: str = ""
+    # What set ``tol`` at the worst element: "family" (K x the members' worst error),
+    # "floor" (every member near exact there, section 6 of docs/bounds.md) or "flush" (an
+    # element in the flush-to-zero regime: the ftz member's row allowance, the a-priori
+    # flush allowance, or a 0 at the subnormal threshold).
+    tol_source: str = ""
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -142,8 +147,13 @@ class TensorReport:
         err = abs(self.got - self.want) if math.isfinite(self.got) else math.inf
         rule = ""
         if self.name in K_RULE and math.isfinite(self.baseline_err) and self.baseline_err > 0:
-            rule = (f" = {self.tol / self.baseline_err:.2g} × family member "
-                    f"{self.member or 'baseline'} {self.baseline_err:.1e}")
+            k = K_RULE[self.name]
+            member = f"family member {self.member or 'baseline'} {self.baseline_err:.1e}"
+            if self.tol_source in ("floor", "flush"):
+                what = "floor" if self.tol_source == "floor" else "flush-to-zero allowance"
+                rule = f" = {what}; {k:g} × {member} is {k * self.baseline_err:.1e}"
+            else:
+                rule = f" = {self.tol / self.baseline_err:.2g} × {member}"
         text = (f"{self.name}: {self.n_bad}/{self.numel} elements off (worst at [{idx}]: "
                 f"got {self.got:.4g}, want {self.want:.4g}, |err| {err:.1e} "
                 f"{'>' if self.n_bad else '<='} tol {self.tol:.1e}{rule})")
@@ -488,6 +498,14 @@ def _report(name: str, got: torch.Tensor, want: torch.Tensor, tol: torch.Tensor,
         rmse = float(torch.sqrt((kept * kept).mean()))
     ratio_rmse = rmse / rmse_tol if rmse_tol > 0 else (math.inf if rmse > 0 else 0.0)
     baseline_err, baseline_rmse = baseline if baseline is not None else (math.nan, math.nan)
+    source = ""
+    if idx:
+        if flushed is not None and bool(flushed.flatten()[flat]):
+            source = "flush"
+        elif name in K_RULE and tol_v > K_RULE[name] * baseline_err * (1 + 1e-6):
+            source = "floor"
+        elif name in K_RULE and math.isfinite(baseline_err):
+            source = "family"
     note = ""
     if met.n_nonfinite:
         note = f"{met.n_nonfinite} NaN/Inf where the reference differs"
@@ -502,8 +520,15 @@ def _report(name: str, got: torch.Tensor, want: torch.Tensor, tol: torch.Tensor,
         ratio=max(ratio, ratio_rmse), ratio_apriori=ratio_ap,
         passed=n_bad == 0 and ratio_rmse <= 1 and met.n_nonfinite == 0, note=note,
         rmse_tol=rmse_tol, baseline_rmse=baseline_rmse, ratio_rmse=ratio_rmse, n_eff=n_eff,
-        member=members[0], rmse_member=members[1],
+        member=members[0], rmse_member=members[1], tol_source=source,
     )
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes, for a bitwise comparison. A dense copy first: ``contiguous()``
+    returns a tensor with size-1 dims as it is, whatever their strides (a (1, 1, 1, 1)
+    transposed view keeps stride 2 in its last dim), and a dtype view needs stride 1 there."""
+    return t.detach().clone(memory_format=torch.contiguous_format).view(torch.uint8)
 
 
 # Smallest positive normal number per input dtype: a non-zero result below it is subnormal.
@@ -700,8 +725,7 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
     alias = _aliases(out, run1)
     if alias:
         return fail("aliased_output", f"output shares memory with {', '.join(alias)}")
-    nondet = "" if torch.equal(out.detach().contiguous().view(torch.uint8),
-                               out2.detach().contiguous().view(torch.uint8)) else (
+    nondet = "" if torch.equal(_bits(out), _bits(out2)) else (
         "two forward calls on identical inputs gave different bits")
     del out2, run2
 

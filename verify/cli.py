@@ -374,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
         # harness catches everything a kernel raises inside check_case itself, so what reaches
         # here is a usage or environment problem.
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if isinstance(e, SupervisorError):  # the harness's own traceback: all of it
+            msg = str(e)
         print(f"flashcheck: error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -237,13 +237,26 @@ def _worker_main(conn, spec: str, device: str, threads: int | None, dump_path: s
     conn.send(("ready", {"pid": os.getpid(), "kernel_root": kernel_source_root(kernel)}))
     cuda = torch.device(device).type == "cuda"
     drawing = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="draw")
+    # FLASHCHECK_WORKER_CPROFILE=PATH: profile the worker, written to PATH.<pid> when it is
+    # told to stop (scripts/gpu/throughput.py --cprofile reads them).
+    prof_path = os.environ.get("FLASHCHECK_WORKER_CPROFILE")
+    prof = None
+    if prof_path:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
     pending: tuple[Any, Any] | None = None  # (case, future of case.draw())
     while True:
         try:
             op, payload, *rest = conn.recv()
         except (EOFError, OSError):
             return
+        t_recv = time.perf_counter()
         if op == "stop":
+            if prof is not None:
+                prof.disable()
+                prof.dump_stats(f"{prof_path}.{os.getpid()}")
             return
         case = None
         try:
@@ -275,6 +288,9 @@ def _worker_main(conn, spec: str, device: str, threads: int | None, dump_path: s
                     verdict.status, verdict.failure = "fail", "cuda_error"
                     verdict.reason = f"CUDA error at the synchronize after the case: " \
                                      f"{describe_exception(e)}"
+            # the worker's whole time on the case: check_case, the wait for the drawn inputs,
+            # the synchronize, the verdict's dict (the parent adds the round trip)
+            verdict.timings["worker"] = time.perf_counter() - t_recv
             d = verdict.to_dict()
             d.pop("case")  # the parent has it (a TensorCase's dict does not load as a Case)
             conn.send(("verdict", d, poisoned))
@@ -683,6 +699,7 @@ class Supervisor:
             plain = getattr(case, "case", case)  # a TensorCase describes itself by its Case
             verdict = Verdict.from_dict({**msg[1], "case": plain.to_dict()})
             verdict.case = case
+            verdict.timings["roundtrip"] = elapsed  # from the send to the verdict's arrival
             if w.cases > 0 and verdict.status != "not_run":
                 self._times.append(elapsed)
             if msg[2]:  # poisoned: the worker exits by itself

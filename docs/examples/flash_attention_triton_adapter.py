@@ -3,11 +3,14 @@ import inspect
 import torch
 import flash_attention_triton.flash_attention_2 as fa2
 
-# CPU patches: the wrapper asserts q.is_cuda and picks its tiles from the GPU's compute capability.
-torch.cuda.get_device_capability = lambda device=None: (8, 0)  # Ampere+, Triton >= 3.3 tiles
-# The backward autotunes over 2 configs (64x64, 128x128 tiles); benchmarking needs a GPU: keep the first.
-del fa2.NEW_AMPERE_PLUS_BACKWARD_AUTOTUNE_CONFIGS_NON_DETERMINISTIC[1:]
-exec(inspect.getsource(fa2._flash_attention_forward).replace("assert q.is_cuda", "assert True or q.is_cuda"), fa2.__dict__)
+if not torch.cuda.is_available():  # CPU patches (the Triton interpreter); on a GPU it runs as published
+    # The wrapper asserts q.is_cuda and picks its tiles from the GPU's compute capability
+    # (Triton takes its compile target from the same call, so never patch this on a GPU).
+    torch.cuda.get_device_capability = lambda device=None: (8, 0)  # Ampere+, Triton >= 3.3 tiles
+    # The backward autotunes over 2 configs (64x64, 128x128 tiles); benchmarking needs a GPU: keep the first.
+    del fa2.NEW_AMPERE_PLUS_BACKWARD_AUTOTUNE_CONFIGS_NON_DETERMINISTIC[1:]
+    exec(inspect.getsource(fa2._flash_attention_forward).replace("assert q.is_cuda", "assert True or q.is_cuda"),
+         fa2.__dict__)
 
 
 def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,

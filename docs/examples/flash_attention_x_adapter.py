@@ -19,7 +19,9 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     return fax.flash_attn(query, key, value, causal=is_causal, sm_scale=scale)
 
 
-attention.capabilities = {"dtypes": ("float16", "float32"), "head_dims": {16, 32, 64, 128},
+# tf32: on a GPU its fp32 tl.dot runs at Triton's default input_precision, TF32 (exact fp32 in the
+# CPU interpreter).
+attention.capabilities = {"tf32": torch.cuda.is_available(), "dtypes": ("float16", "float32"), "head_dims": {16, 32, 64, 128},
                           "masks": (), "gqa": False, "backward": True,
                           "extensions": ("causal_alignment",), "supports": lambda c: (
                               "top-left causal with Nq != Nk" if c.is_causal and c.Nq != c.Nk

@@ -17,11 +17,20 @@
 #   bash scripts/gpu/session.sh throughput  the harness throughput alone (sdpa-math, no compiler;
 #                                         TP_JOBS processes, default "1 8 14"; MPS_JOBS: the
 #                                         same again under the CUDA MPS server)
+#   bash scripts/gpu/session.sh tpdiag    the harness throughput in one process three ways: one
+#                                         OpenMP thread, the default threads, and with cProfile
+#                                         of the parent and the worker (where the time goes)
 #   bash scripts/gpu/session.sh subnormals  which CUDA operations flush subnormal results
 #   bash scripts/gpu/session.sh repro     replays our kernels' committed GPU failure files, and
 #                                         breaks sdpa-math's fp32 subnormal case into stages
 #   bash scripts/gpu/session.sh gate      the CI gate on CUDA: --update (writes this GPU's budgets
 #                                         file, copied to $R), then the gate twice on them
+#   bash scripts/gpu/session.sh outside   published Triton kernels' campaigns (docs/reports/outside;
+#                                         their packages unpacked under .whl/site, carried)
+#   bash scripts/gpu/session.sh detach PHASES  runs `session.sh PHASES` in a new process
+#                                         session, which outlives the device call (campaigns
+#                                         longer than one call), marker gpu_out/campaigns.done
+#   bash scripts/gpu/session.sh collect   waits (COLLECT_S, default 400 s) for that marker
 #   bash scripts/gpu/session.sh family    the family-based rule on the GPU: the harness throughput
 #                                         (sdpa-math, one process) alone first, then side by side:
 #                                         a --keep-going fuzz campaign on each PyTorch backend and
@@ -33,6 +42,12 @@
 # Several phases may share one call (session.sh throughput peers); they run in this file's order.
 set -uo pipefail
 : "${1:?phase}"
+if [ "$1" = detach ]; then
+  shift; mkdir -p gpu_out; rm -f gpu_out/campaigns.done
+  OUT=/tmp/detached-out setsid bash -c "mkdir -p /tmp/detached-out; bash $0 $*; touch gpu_out/campaigns.done" \
+    > gpu_out/detached.log 2>&1 < /dev/null &
+  echo "detached: session.sh $* (pid $!)"; exit 0
+fi
 PHASES=" $* "
 has() { [[ "$PHASES" == *" $1 "* ]]; }
 PHASE=${*// /+}
@@ -85,10 +100,27 @@ if has family; then
     job "fuzz-$k" $(( ${FUZZ_MIN:-6} * 60 + ${FUZZ_GRACE:-150} )) python3 -m flashcheck fuzz --kernel "$k" --device cuda \
       --minutes "${FUZZ_MIN:-6}" --keep-going --seed "${FUZZ_SEED:-20261201}" --out "$R/fuzz/$k"
   done
-  [ "${FAMILY_MUTANTS:-1}" = 1 ] && for m in pv_fp16_accumulation p_bf16_for_fp16 lse_input_dtype fp16_accumulation; do
+  [ "${FAMILY_MUTANTS:-1}" = 1 ] && for m in pv_fp16_accumulation p_bf16_for_fp16 lse_input_dtype fp16_accumulation ds_bf16_for_dk; do
     job "mutant-$m" 300 python3 -m flashcheck fuzz --kernel "verify/mutants/$m.py:attention" \
       --device cuda --examples 200 --seed 0 --out "$R/mutants/$m"
   done
+fi
+if has outside; then
+  # Published Triton kernels (docs/reports/outside/), unpacked under .whl/site (carried), each
+  # beside the family campaigns for FUZZ_MIN minutes, every dtype its adapter declares.
+  export OMP_NUM_THREADS=1
+  for a in flash_attn_dao flash_attention_triton flash_attention_x fasterkernels; do
+    job "outside-$a" $(( ${FUZZ_MIN:-6} * 60 + ${FUZZ_GRACE:-150} )) env PYTHONPATH="$PWD:$PWD/.whl/site" \
+      python3 -m flashcheck fuzz --kernel "docs/examples/${a}_adapter.py:attention" --device cuda \
+      --minutes "${FUZZ_MIN:-6}" --keep-going --seed "${FUZZ_SEED:-20261201}" --max-n 1024 \
+      --out "$R/outside/$a"
+  done
+fi
+if has collect; then
+  # Waits for a detached `session.sh family outside` started by an earlier call (its marker
+  # file is campaigns.done), at most COLLECT_S seconds.
+  for _ in $(seq "${COLLECT_S:-400}"); do [ -e "$R/campaigns.done" ] && break; sleep 1; done
+  el "campaigns done: $([ -e "$R/campaigns.done" ] && echo yes || echo "no, still running")"
 fi
 if has gate; then
   for step in update run1 run2; do
@@ -122,10 +154,17 @@ tp() { local j; for j in $1; do
   el "throughput jobs=$j"
   timeout -s TERM 90 python3 scripts/gpu/throughput.py --kernel sdpa-math --device cuda \
     --profile gpu --max-n 512 --copies "${TP_COPIES:-3}" --warmup 16 --budget-s 40 --jobs "$j" \
-    --cprofile $((j == 1 ? 30 : 0)) --out "$R/throughput-sdpa-math-j$j${2:-}.json" \
+    --cprofile $((j == 1 ? ${TP_CPROFILE:-0} : 0)) --out "$R/throughput-sdpa-math-j$j${2:-}.json" \
     > "$R/throughput-sdpa-math-j$j${2:-}.log" 2>&1
   el "throughput exit=$?"
 done; }
+if has tpdiag; then
+  # One process, three ways: one OpenMP thread (the headline), the default thread count, and
+  # one thread with cProfile of the parent and the worker (-threads / -cprofile files).
+  (export OMP_NUM_THREADS=1; tp 1)
+  (unset OMP_NUM_THREADS; tp 1 -threads)
+  (export OMP_NUM_THREADS=1 TP_CPROFILE=40; tp 1 -cprofile)
+fi
 if has throughput; then
   export OMP_NUM_THREADS=1; tp "${TP_JOBS:-1 8 14}"
   # MPS_JOBS="12": the same with the CUDA MPS server running, so the processes' kernels share

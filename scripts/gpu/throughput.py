@@ -24,10 +24,13 @@ import argparse
 import collections
 import cProfile
 import dataclasses
+import glob
 import io
 import json
+import os
 import pstats
 import sys
+import tempfile
 import time
 
 import torch
@@ -66,9 +69,13 @@ def main(argv=None) -> int:
                     help="write each failing case's file and report here (default: none)")
     args = ap.parse_args(argv)
     if args.device == "cpu":
-        import os
         os.environ["TRITON_INTERPRET"] = "1"
     base, cases = small_cases(args.profile, args.max_n, args.copies)
+    # The cases run in a worker process: profile it too (set before the first worker, so
+    # the forkserver that starts them has it).
+    wprof = os.path.join(tempfile.mkdtemp(prefix="fc-tp-"), "worker.prof")
+    if args.cprofile and args.jobs == 1:
+        os.environ["FLASHCHECK_WORKER_CPROFILE"] = wprof
     stages: dict[str, float] = collections.Counter()
     status: dict[str, int] = collections.Counter()
     res = {"kernel": args.kernel, "device": args.device, "profile": args.profile,
@@ -87,6 +94,9 @@ def main(argv=None) -> int:
         run_cases(None, base[:args.jobs], args.device, **kw)  # start-up plus one case each
         res["startup_s"] = round(time.perf_counter() - t0, 2)
     prof = cProfile.Profile() if args.cprofile and args.jobs == 1 else None
+    if prof:  # only the timed pass's worker profile is read
+        for path in glob.glob(wprof + ".*"):
+            os.unlink(path)
     _sync(args.device)
     t0 = time.perf_counter()
     if prof:
@@ -99,7 +109,11 @@ def main(argv=None) -> int:
         prof.disable()
         buf = io.StringIO()
         pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(args.cprofile)
-        top = buf.getvalue()
+        top = "parent process:\n" + buf.getvalue()
+        for path in glob.glob(wprof + ".*"):
+            buf = io.StringIO()
+            pstats.Stats(path, stream=buf).sort_stats("tottime").print_stats(args.cprofile)
+            top += f"\nworker process {path.rsplit('.', 1)[1]}:\n" + buf.getvalue()
     for r in recs:
         status[r["status"]] += 1
         for k, s in (r.get("timings") or {}).items():
@@ -108,8 +122,17 @@ def main(argv=None) -> int:
     # Without a budget every "not run" is a case outside the kernel's domain, which the
     # harness handled too; with one, "not run" also means cut by the budget, so none count.
     done = checked + (0 if args.budget_s else status["not_run"])
+    # Where the time outside check_case goes: in the worker around it (the wait for the
+    # drawn inputs, the synchronize, the verdict's dict), the pipe both ways, the parent.
+    outside = {
+        "worker_around_check_s": stages["worker"] - stages["total"],
+        "pipe_s": stages["roundtrip"] - stages["worker"],
+        "parent_between_cases_s": wall - stages["roundtrip"] if args.jobs == 1 else None,
+    }
     res.update({
         "status": dict(status), "wall_s": round(wall, 3), "cases_done": done,
+        "outside_check_case": {k: None if v is None else round(v, 3)
+                               for k, v in outside.items()},
         "cases_per_s": round(done / wall, 2),
         "checked_cases_per_s": round(checked / wall, 2),
         "seconds_by_stage": {k: round(s, 3) for k, s in sorted(stages.items(),

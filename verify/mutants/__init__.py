@@ -88,6 +88,8 @@ CATALOGUE: tuple[Mutant, ...] = (
            "P rounded to bf16 (not fp16) before P@V on fp16 inputs; precision, 3-10x"),
     Mutant("lse_input_dtype", "bug", "pytorch",
            "saved lse stored in the input dtype; precision, backward, fp16/bf16"),
+    Mutant("ds_bf16_for_dk", "bug", "pytorch",
+           "dS rounded to fp16 for dQ but to bf16 for dK on fp16 inputs; precision, dK"),
     Mutant("uninitialized_output", "adversarial", "pytorch",
            "returns torch.empty (may hold the reference's freed output)"),
     Mutant("mutates_inputs", "adversarial", "pytorch",

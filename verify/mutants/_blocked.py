@@ -30,7 +30,7 @@ so the bug is the only code in its module. The hooks, in the order they run:
 - `delta(grad_out, out)`: the backward's rowsum(dO * O).
 - `ds_scales(scale)`: (factor on dS before it is rounded, factor on dS@K and dS^T@Q).
 - `round_ds(ds, dtype)`: dS as fed to the dQ/dK matmuls.
-- `dk_ds(ds_raw, ds)`: dS as fed to the dK matmul (FA2: the same rounded dS as dQ).
+- `dk_ds(ds_raw, ds, dtype)`: dS as fed to the dK matmul (FA2: the same rounded dS as dQ).
 - `kv_grad(a, b)`: aᵀ·b, one key tile of dV (a = P) or of dK before its scale (a = dS), per
   query head.
 - `dk_tile(ds, q, scale)`: one key tile of dK (per query head).
@@ -116,7 +116,8 @@ class BlockedAttention:
     def round_ds(self, ds: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return ds.to(dtype).float()
 
-    def dk_ds(self, ds_raw: torch.Tensor, ds: torch.Tensor) -> torch.Tensor:
+    def dk_ds(self, ds_raw: torch.Tensor, ds: torch.Tensor, dtype: torch.dtype
+              ) -> torch.Tensor:
         return ds
 
     def dk_tile(self, ds: torch.Tensor, q: torch.Tensor, scale: float) -> torch.Tensor:
@@ -214,7 +215,7 @@ class BlockedAttention:
                 ds_raw = ds_raw * ds_pre
             ds = self.subnormals(self.round_ds(ds_raw, dtype), dtype)
             dq += self.mm(ds, k_t) * ds_post
-            dk_h[..., lo:hi, :] = self.dk_tile(self.dk_ds(ds_raw, ds), qf, ds_post)
+            dk_h[..., lo:hi, :] = self.dk_tile(self.dk_ds(ds_raw, ds, dtype), qf, ds_post)
         dk = self.reduce_kv_grad(self.round_head_grad(dk_h, dtype), kvh, key.shape)
         dv = self.reduce_kv_grad(self.round_head_grad(dv_h, dtype), kvh, value.shape)
         return tuple(self.subnormals(g.to(dtype), dtype) for g in (dq, dk, dv))
