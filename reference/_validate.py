@@ -29,6 +29,8 @@ SCALE_ATS = ("scores", "q", "exp2", "q_exp2", "exp2_fma")
 OPERAND_PRECISIONS = ("input", "fp32")
 DS_SCALES = ("after_round", "before_round")
 NORMALIZES = ("divide", "reciprocal")
+EXP_ACCURACIES = ("library", "approx")
+TF32_ROUNDINGS = ("nearest", "truncate")
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,9 @@ each member, real kernels that make its choice.
 - ``family_members(dtype, gqa=, tf32=)``: the members that apply to a problem: the GQA
   members only when Hq != Hkv; ``p_ds_fp32``, ``gqa_per_head_rounded`` and
   ``gqa_expand_autograd`` only below fp32 (for fp32 inputs they *are* the baseline);
-  ``tf32`` only for fp32 inputs whose kernel declares TF32.
+  ``tf32`` and ``tf32_truncated`` only for fp32 inputs whose kernel declares TF32;
+  ``exp2_approx`` only for fp32
+  inputs.
 - ``run_family(query, key, value, grad_out, ...)``: every member on the same inputs; per
   member the output and (with ``grad_out``) dq, dk, dv, exactly as
   ``online_attention(..., **kwargs)`` and autograd with that ``grad_out`` give them.
@@ -51,6 +53,8 @@ FAMILY: dict[str, dict] = {
     "gqa_expand_autograd": dict(_BASE, gqa_reduce="expand_autograd"),
     "ftz": dict(_BASE, flush_subnormals=True),
     "tf32": dict(_BASE, tf32=True),
+    "exp2_approx": dict(_BASE, scale_at="exp2", exp_accuracy="approx"),
+    "tf32_truncated": dict(_BASE, tf32=True, tf32_rounding="truncate"),
 }
 
 FAMILY_NOTES: dict[str, str] = {
@@ -96,8 +100,20 @@ FAMILY_NOTES: dict[str, str] = {
            "fp16 subnormal inputs are kept: fp16 loads and tensor-core products keep them",
     "tf32": "every matmul operand rounded to TF32, fp32 accumulation (fp32 kernels with "
             "allow_tf32 / input_precision='tf32'); only when the kernel declares TF32",
+    "tf32_truncated": "as tf32, but each operand truncated to TF32 (its 13 low mantissa bits "
+                      "dropped) rather than rounded: Hopper tensor cores reading fp32 "
+                      "operands without a conversion (Triton's fp32 tl.dot on sm_90 wgmma); "
+                      "twice the nearest rounding's error. Found on the H200 with "
+                      "flash-attention-x and fasterkernels (docs/reports/outside/)",
+    "exp2_approx": "fp32 inputs: exp2 with the scale folded in (as exp2_folded), computed by "
+                   "the GPU's approximate ex2.approx.f32, 2^-22 relative (exp2f and __expf "
+                   "under --use_fast_math: FlashAttention-2 CUDA, PyTorch's memory-efficient "
+                   "SDPA backend; Triton's tl.exp2 and tl.exp). Below fp32 the rounding of P "
+                   "to the input dtype dwarfs it",
 }
 
+# Switches that change only the backward (the forward of members differing in them is shared).
+_BACKWARD_ONLY = ("ds_precision", "ds_scale", "gqa_reduce")
 _GQA_MEMBERS = ("gqa_group_fp32", "gqa_per_head_rounded", "gqa_expand_autograd")
 _LOOP_KEYS = dict(block_m=128, block_n=128, order="fa2")
 
@@ -135,7 +151,10 @@ def family_members(dtype, *, gqa: bool, tf32: bool, declared=()) -> dict[str, di
         # again changes nothing, and these members are the baseline.
         skip.update(("p_ds_fp32", "gqa_per_head_rounded", "gqa_expand_autograd"))
     if not (tf32 and dtype == torch.float32):
-        skip.add("tf32")
+        skip.update(("tf32", "tf32_truncated"))
+    if dtype != torch.float32:
+        # An exponential's 2^-22 is invisible below fp32, where P is rounded to 2^-8..2^-11.
+        skip.add("exp2_approx")
     return {name: dict(kw) for name, kw in FAMILY.items() if name not in skip}
 
 
@@ -185,8 +204,10 @@ def run_family(
         for name, kw in members.items():
             bm, bn, order, sw = _split(name, kw)
             ar = _make_arith(query.dtype, "emulate", **sw)
-            fkey = (bm, bn, order, sw["scale_at"], sw["p_precision"], sw["flush_subnormals"],
-                    sw["tf32"], sw["normalize"])
+            # Every switch but the backward-only ones keys the forward; every switch but the
+            # final GQA reduction keys the backward (a new switch is keyed by default).
+            fkey = (bm, bn, order, tuple((k, v) for k, v in sorted(sw.items())
+                                         if k not in _BACKWARD_ONLY))
             if fkey not in fwd_cache:
                 fwd_cache[fkey] = _run_forward(
                     ar, p, query, key, value, attn_mask, order, bm, bn
@@ -196,9 +217,8 @@ def run_family(
             if grad_out is not None:
                 # The backward is FA2 whatever the forward's order: it depends on the loop
                 # order only through out and lse, so equal out and lse share it.
-                bkey = (bm, bn, sw["scale_at"], sw["p_precision"], sw["flush_subnormals"],
-                        sw["tf32"], sw["ds_precision"], sw["ds_scale"],
-                        sw["gqa_reduce"] == "group_fp32")
+                bkey = (bm, bn, tuple((k, v) for k, v in sorted(sw.items())
+                                      if k != "gqa_reduce"), sw["gqa_reduce"] == "group_fp32")
                 grads = next((g for o, lg, g in bwd_cache.get(bkey, [])
                               if o is out or (torch.equal(o, out) and torch.equal(lg, lse))),
                              None)

@@ -27,7 +27,8 @@ per head in fp32, in one fp32 accumulator per kv head, or rounded per head then 
 ``flush_subnormals`` (FTZ), ``scale_at`` (scale on the scores or on Q, natural exp or
 folded with log2 e into exp2), ``p_precision``/``ds_precision`` (P, dS rounded to the
 input dtype or kept in fp32), ``ds_scale`` (scale on dS before its rounding or on dQ/dK at
-the end) and ``tf32`` (fp32 inputs: matmul operands rounded to TF32 by ``round_tf32``).
+the end), ``tf32`` (fp32 inputs: matmul operands rounded to TF32 by ``round_tf32``) and
+``exp_accuracy`` (fp32: every exponential to 22 significant bits, ``round_exp_approx``).
 With every switch at its default the arithmetic is bit for bit that of the model before
 the switches existed.
 
@@ -52,12 +53,14 @@ import torch
 
 from ._validate import (
     DS_SCALES,
+    EXP_ACCURACIES,
     GQA_REDUCES,
     NORMALIZES,
     OPERAND_PRECISIONS,
     ORDERS,
     PRECISIONS,
     SCALE_ATS,
+    TF32_ROUNDINGS,
     Problem,
     check_attention_args,
     check_block,
@@ -147,6 +150,34 @@ def round_tf32(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(x), r, x)
 
 
+# Significant bits an approximate fp32 exponential keeps: ex2.approx.f32 (what exp2f, __expf
+# and Triton's exp2 compile to on NVIDIA GPUs) is within 2^-22 relative of 2^x, the bound
+# verify/bounds.py's floor already used; rounding to 22 bits errs by at most that.
+APPROX_EXP_BITS = 22
+
+
+def round_exp_approx(x: torch.Tensor) -> torch.Tensor:
+    """An fp32 exponential's result rounded to ``APPROX_EXP_BITS`` significant bits (nearest,
+    ties up): relative error at most 2^-22, the envelope of the GPUs' approximate exp2.
+    Other dtypes, inf and NaN are returned unchanged."""
+    if x.dtype != torch.float32:
+        return x
+    drop = 24 - APPROX_EXP_BITS
+    r = ((x.view(torch.int32) + (1 << (drop - 1))) & -(1 << drop)).view(torch.float32)
+    return torch.where(torch.isfinite(x), r, x)
+
+
+def truncate_tf32(x: torch.Tensor) -> torch.Tensor:
+    """fp32 -> TF32 by dropping the 13 low mantissa bits (toward zero), kept in fp32: what a
+    tensor core reads when fp32 operands reach it without a conversion (Hopper's wgmma with
+    TF32 operands straight from shared memory, Triton's fp32 tl.dot on sm_90). Relative
+    error below 2^-10, twice the nearest rounding's. inf and NaN are left unchanged."""
+    if x.dtype != torch.float32:
+        raise ValueError(f"truncate_tf32: expected a float32 tensor; got {x.dtype}")
+    r = (x.view(torch.int32) & -0x2000).view(torch.float32)
+    return torch.where(torch.isfinite(x), r, x)
+
+
 def _flush(x: torch.Tensor, tiny: float) -> torch.Tensor:
     """x with entries of magnitude below ``tiny`` (subnormals) replaced by a signed zero."""
     return torch.where(x.abs() < tiny, x * 0, x)
@@ -164,7 +195,8 @@ class _Arith:
         self, dtype: torch.dtype, precision: str, *, gqa_reduce: str = "per_head_fp32",
         flush_subnormals: bool = False, scale_at: str = "scores", p_precision: str = "input",
         ds_precision: str = "input", ds_scale: str = "after_round", tf32: bool = False,
-        normalize: str = "divide",
+        normalize: str = "divide", exp_accuracy: str = "library",
+        tf32_rounding: str = "nearest",
     ):
         if precision == "exact":
             self.operand = self.acc = torch.float64
@@ -182,6 +214,8 @@ class _Arith:
         self.round_ds = ds_precision == "input"
         self.ds_before_round = ds_scale == "before_round"
         self.tf32 = tf32
+        self.to_tf32 = truncate_tf32 if tf32_rounding == "truncate" else round_tf32
+        self.approx_exp = exp_accuracy == "approx"
 
     def ftz(self, x: torch.Tensor) -> torch.Tensor:
         """Flush accumulator-dtype subnormals to zero when flushing; else ``x`` itself."""
@@ -216,7 +250,8 @@ class _Arith:
 
     def exp(self, x: torch.Tensor) -> torch.Tensor:
         """e^x, or 2^x when the scores are in log2 units (``scale_at="exp2"``); flushed."""
-        return self.ftz(torch.exp2(x) if self.base2 else torch.exp(x))
+        e = torch.exp2(x) if self.base2 else torch.exp(x)
+        return self.ftz(round_exp_approx(e) if self.approx_exp else e)
 
     def exp_minus(self, s: torch.Tensor, fused, shift: torch.Tensor) -> torch.Tensor:
         """P = exp(s − shift) for a tile of scores ``s`` (see ``exp``). With
@@ -225,7 +260,8 @@ class _Arith:
         score, the constant and the negated shift, never the rounded scaled score."""
         if fused is None:
             return self.exp(s - shift)
-        return self.ftz(torch.exp2((fused - shift.to(torch.float64)).to(self.acc)))
+        e = torch.exp2((fused - shift.to(torch.float64)).to(self.acc))
+        return self.ftz(round_exp_approx(e) if self.approx_exp else e)
 
     def normalize(self, acc: torch.Tensor, l: torch.Tensor) -> torch.Tensor:
         """acc / ℓ (``normalize="divide"``), or acc · fl(1/ℓ) (``"reciprocal"``); ℓ is
@@ -241,7 +277,7 @@ class _Arith:
         """Product of operands already rounded to the operand dtype, accumulated in acc
         (with ``tf32``: operands rounded to TF32 first, fp32 accumulation)."""
         if self.tf32:
-            a, b = round_tf32(a), round_tf32(b)
+            a, b = self.to_tf32(a), self.to_tf32(b)
         return self.ftz(torch.matmul(a, b))
 
 
@@ -604,7 +640,7 @@ class _OnlineAttention(torch.autograd.Function):
 SWITCH_DEFAULTS = dict(
     gqa_reduce="per_head_fp32", flush_subnormals=False, scale_at="scores",
     p_precision="input", ds_precision="input", ds_scale="after_round", tf32=False,
-    normalize="divide",
+    normalize="divide", exp_accuracy="library", tf32_rounding="nearest",
 )
 
 
@@ -626,6 +662,8 @@ def _make_arith(dtype, precision, **switches) -> _Arith:
         ds_scale=check_choice("ds_scale", sw["ds_scale"], DS_SCALES),
         tf32=check_flag("tf32", sw["tf32"]),
         normalize=check_choice("normalize", sw["normalize"], NORMALIZES),
+        exp_accuracy=check_choice("exp_accuracy", sw["exp_accuracy"], EXP_ACCURACIES),
+        tf32_rounding=check_choice("tf32_rounding", sw["tf32_rounding"], TF32_ROUNDINGS),
     )
     if ar.tf32 and (dtype != torch.float32 or precision != "emulate"):
         raise ValueError(
@@ -641,7 +679,7 @@ def online_attention(
     window=None, causal_alignment="top_left", return_lse=False,
     gqa_reduce="per_head_fp32", flush_subnormals=False, scale_at="scores",
     p_precision="input", ds_precision="input", ds_scale="after_round", tf32=False,
-    normalize="divide",
+    normalize="divide", exp_accuracy="library", tf32_rounding="nearest",
 ):
     """Blocked online-softmax attention (contracts.md §1), FA2 or FA1 loop order.
 
@@ -681,8 +719,12 @@ def online_attention(
     - ``ds_scale``: ``"after_round"`` the scale multiplies the accumulated dQ and dK;
       ``"before_round"`` it multiplies dS before dS is rounded.
     - ``tf32``: float32 inputs only: every matmul operand rounded to TF32
-      (``round_tf32``), fp32 accumulation.
+      (``round_tf32``), fp32 accumulation; ``tf32_rounding="truncate"``: the operands'
+      low 13 mantissa bits dropped instead (``truncate_tf32``, Hopper's wgmma).
     - ``normalize``: ``"divide"`` O = acc / ℓ; ``"reciprocal"`` O = acc · fl(1/ℓ).
+    - ``exp_accuracy``: ``"library"`` torch's exp/exp2; ``"approx"`` every exponential
+      (the forward's and the backward's P, the rescale factors) rounded to 22 significant
+      bits (``round_exp_approx``; fp32 accumulators only), the error of GPUs' ex2.approx.
     """
     p = check_attention_args(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
@@ -695,7 +737,8 @@ def online_attention(
     ar = _make_arith(
         query.dtype, precision, gqa_reduce=gqa_reduce, flush_subnormals=flush_subnormals,
         scale_at=scale_at, p_precision=p_precision, ds_precision=ds_precision,
-        ds_scale=ds_scale, tf32=tf32, normalize=normalize,
+        ds_scale=ds_scale, tf32=tf32, normalize=normalize, exp_accuracy=exp_accuracy,
+        tf32_rounding=tf32_rounding,
     )
     if precision == "exact":
         query, key, value = (t.to(torch.float64) for t in (query, key, value))

@@ -22,7 +22,7 @@ import pytest
 import torch
 from flashcheck.reference._problems import make_problem
 from flashcheck.reference.family import FAMILY, FAMILY_NOTES, family_members, run_family
-from flashcheck.reference.online import round_tf32
+from flashcheck.reference.online import round_exp_approx, round_tf32, truncate_tf32
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -358,11 +358,55 @@ def test_fused_exponent_and_reciprocal(order):
     assert torch.equal(recip[0].detach(), v)  # P = 1: 1/ℓ = 1 exactly
 
 
+def test_truncate_tf32():
+    """The 13 low mantissa bits dropped: toward zero, within 2^-10 relative, never above
+    |x|; inf and NaN kept; fp32 only."""
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(1))
+    t = truncate_tf32(x)
+    assert bool((t.view(torch.int32) & 0x1FFF == 0).all()) and bool((t.abs() <= x.abs()).all())
+    assert ((t - x).abs() / x.abs()).max() < 2.0**-10
+    assert not torch.equal(t, round_tf32(x))
+    assert truncate_tf32(torch.tensor([-math.inf])).item() == -math.inf
+    assert torch.isnan(truncate_tf32(torch.tensor([math.nan]))).all()
+    with pytest.raises(ValueError, match="float32"):
+        truncate_tf32(torch.ones(2, dtype=torch.bfloat16))
+
+
+def test_round_exp_approx_keeps_22_bits():
+    """Within 2^-22 relative of its input (the bound of ex2.approx.f32), on a grid of 22
+    significant bits; inf, NaN and other dtypes unchanged."""
+    x = torch.exp2(torch.linspace(-30, 30, 10001, dtype=torch.float32))
+    r = round_exp_approx(x)
+    rel = ((r.double() - x.double()) / x.double()).abs()
+    assert rel.max() <= 2.0**-22 and rel.max() > 2.0**-24
+    assert bool((r.view(torch.int32) & 3 == 0).all())
+    assert round_exp_approx(torch.tensor([math.inf])).item() == math.inf
+    assert torch.isnan(round_exp_approx(torch.tensor([math.nan]))).all()
+    h = torch.ones(3, dtype=torch.float16)
+    assert round_exp_approx(h) is h
+
+
+def test_exp_accuracy_approx_rounds_every_exponential():
+    """exp_accuracy="approx" moves fp32 results by the exponential's 2^-22 (not more), and
+    is the identity's neighbour below fp32, where P is rounded to the input dtype anyway."""
+    kw = make_problem(B=1, Hq=2, Hkv=2, Nq=40, Nk=40, D=8, seed=3, dtype=torch.float32)
+    lib = reference.online_attention(**kw, scale_at="exp2", block_m=16, block_n=16)
+    app = reference.online_attention(**kw, scale_at="exp2", block_m=16, block_n=16,
+                                     exp_accuracy="approx")
+    exact = reference.online_attention(**{k: v.double() if torch.is_tensor(v) else v
+                                          for k, v in kw.items()}, precision="exact")
+    assert not torch.equal(lib, app)
+    err_lib = (lib.double() - exact).abs().max()
+    err_app = (app.double() - exact).abs().max()
+    assert err_app <= 8 * 2.0**-22 * exact.abs().max() and err_app > err_lib
+
+
 def test_switches_rejected_with_names():
     kw = make_problem(B=1, Hq=1, Hkv=1, Nq=3, Nk=3, D=2, seed=0, dtype=torch.float16)
     for name, bad in (("gqa_reduce", "sum"), ("scale_at", "k"), ("p_precision", "fp16"),
                       ("ds_precision", None), ("ds_scale", "never"),
-                      ("flush_subnormals", 1), ("tf32", "yes"), ("normalize", "mul")):
+                      ("flush_subnormals", 1), ("tf32", "yes"), ("normalize", "mul"),
+                      ("exp_accuracy", "fast"), ("tf32_rounding", "down")):
         with pytest.raises(ValueError, match=name):
             reference.online_attention(**kw, **{name: bad})
 
@@ -379,6 +423,9 @@ def test_family_table_and_members():
     assert "tf32" not in family_members("bfloat16", gqa=True, tf32=True)  # meaningless
     fp32 = family_members("float32", gqa=True, tf32=True)
     assert "tf32" in fp32 and "p_ds_fp32" not in fp32 and "gqa_group_fp32" in fp32
+    assert "exp2_approx" in fp32 and "exp2_approx" not in fp16
+    assert "tf32_truncated" in fp32
+    assert "tf32_truncated" not in family_members("float32", gqa=False, tf32=False)
     assert not {"gqa_per_head_rounded", "gqa_expand_autograd"} & set(fp32)
     assert {"gqa_group_fp32", "gqa_per_head_rounded", "gqa_expand_autograd"} <= set(
         family_members("float16", gqa=True, tf32=False))
@@ -424,7 +471,8 @@ def test_run_family_equals_one_call_per_member(dtype, tiles):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_every_member_near_fp64(dtype, seed):
     """Normwise max error <= C·u·max|exact| per tensor: C = 4 below fp32 (one or two
-    roundings dominate), 32 for fp32 (accumulation dominates); u = 2^-11 for TF32."""
+    roundings dominate), 32 for fp32 (accumulation dominates); u = 2^-11 for TF32, 2^-10 for
+    truncated TF32 (the bound of truncation)."""
     dt = DTYPES[dtype]
     kw = make_problem(B=1, Hq=4, Hkv=2, Nq=37, Nk=45, D=16, seed=seed, dtype=dt,
                       mask=("additive", "bool")[seed], is_causal=seed == 0)
@@ -438,8 +486,9 @@ def test_every_member_near_fp64(dtype, seed):
     got = run_family(kw["query"], kw["key"], kw["value"], dout, kw["attn_mask"],
                      members=members, is_causal=kw["is_causal"], scale=0.3, enable_gqa=True)
     for name, res in got.items():
-        u = 2.0**-11 if name == "tf32" else U[dt]
-        c = 32 if dt == torch.float32 and name != "tf32" else 4
+        tf32 = name.startswith("tf32")
+        u = {"tf32": 2.0**-11, "tf32_truncated": 2.0**-10}.get(name, U[dt])
+        c = 32 if dt == torch.float32 and not tf32 else 4
         for t, x in res.items():
             err = (x.double() - want[t]).abs().max().item()
             assert err <= c * u * want[t].abs().max().item(), (name, t, err)

@@ -10,8 +10,9 @@ the timed pass then measures the harness, not the compiler.
 Both modes run ``verify.sweep.run_cases``, the path of ``flashcheck run --jobs J``; the
 stage breakdown comes from each record's timings.
 
-- ``--jobs 1``: one process; with ``--cprofile N``, also the N functions with the most own
-  time.
+- ``--jobs 1``: one worker process, started before the warm-up and kept for the timed pass
+  (a campaign's worker lives on); with ``--cprofile N``, also the N functions with the most
+  own time in the parent and in the worker (the worker's profile covers its whole life).
 - ``--jobs J``: J worker processes; the wall time includes starting them (import, CUDA
   context), stated separately as ``startup_s`` from a run of one case per worker.
 
@@ -86,6 +87,12 @@ def main(argv=None) -> int:
     # (one process: the serial loop, which draws the next case's inputs while one runs).
     kernel = resolve_kernel(args.kernel, args.device) if args.jobs == 1 else None
     kw = dict(kernel_spec=args.kernel, failures_dir=args.failures, quiet=True, jobs=args.jobs)
+    if args.jobs == 1:
+        # One worker for the warm-up and the timed pass, as in a campaign, whose worker lives
+        # on: its start (imports, CUDA context, first compiles) is not per-case time.
+        from flashcheck.verify.supervise import Supervisor
+        kw["supervisor"] = Supervisor(args.kernel, args.device, failures_dir=args.failures)
+        kw["supervisor"].start()
     t0 = time.perf_counter()
     run_cases(kernel, base[:args.warmup], args.device, **kw)  # compile (or load) each variant
     res["warmup_s"] = round(time.perf_counter() - t0, 1)
@@ -94,9 +101,6 @@ def main(argv=None) -> int:
         run_cases(None, base[:args.jobs], args.device, **kw)  # start-up plus one case each
         res["startup_s"] = round(time.perf_counter() - t0, 2)
     prof = cProfile.Profile() if args.cprofile and args.jobs == 1 else None
-    if prof:  # only the timed pass's worker profile is read
-        for path in glob.glob(wprof + ".*"):
-            os.unlink(path)
     _sync(args.device)
     t0 = time.perf_counter()
     if prof:
@@ -138,6 +142,8 @@ def main(argv=None) -> int:
         "seconds_by_stage": {k: round(s, 3) for k, s in sorted(stages.items(),
                                                                 key=lambda kv: -kv[1])},
     })
+    if "supervisor" in kw:
+        kw["supervisor"].close()
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
     print(json.dumps(res, indent=1))

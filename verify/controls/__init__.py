@@ -46,6 +46,7 @@ CONTROLS: tuple[Control, ...] = (
                              "input-dtype P, dS and results"),
     Control("tf32_matmuls", "every fp32 product's operands rounded to TF32 (declares tf32)"),
     Control("exp2_folded_scale", "scale * log2(e) as one fp32 constant, exp2, base-2 lse"),
+    Control("exp2_approx", "exp2_folded_scale with exp2 to 22 bits (the GPUs' ex2.approx.f32)"),
     Control("q_prescaled", "Q * scale rounded to the input dtype before QK^T"),
     Control("fa2_cuda_softmax",
             "exp2(s * scale_log2 - max_scaled) as one FFMA, O = acc * (1/l) (FA2 CUDA)"),
