@@ -55,12 +55,14 @@ def test_control_makes_its_choice_and_stays_accurate(name):
         assert err <= tol, f"{name} on {case.short()}: {t} err {err:.3g} > {tol:.3g}"
 
 
-def test_tf32_control_is_judged_by_the_tf32_member():
-    """The TF32 control declares tf32: its fp32 cases are judged with the tf32 member (and
-    pass, naming it); the same kernel without the declaration fails, at ~2^13 x the IEEE
-    members' error."""
+@pytest.mark.parametrize("name", ["tf32_matmuls", "tf32_truncated"])
+def test_tf32_control_is_judged_by_the_tf32_member(name):
+    """The TF32 controls declare tf32: their fp32 cases are judged with the tf32 members
+    (and pass, naming one); the same kernel without the declaration fails, at ~2^13 x the
+    IEEE members' error."""
     from flashcheck.verify.check import check_case
-    from flashcheck.verify.controls.tf32_matmuls import attention as tf32
+
+    tf32 = importlib.import_module(f"flashcheck.verify.controls.{name}").attention
 
     case = Case(**{**BASE, "Nk": 48, "D": 32, "dtype": "float32", **GRAD})
     v = check_case(tf32, case, "cpu", family="full")

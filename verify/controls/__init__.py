@@ -45,6 +45,8 @@ CONTROLS: tuple[Control, ...] = (
     Control("flush_to_zero", "subnormals flushed to zero (FTZ/DAZ): fp32-range inputs, "
                              "input-dtype P, dS and results"),
     Control("tf32_matmuls", "every fp32 product's operands rounded to TF32 (declares tf32)"),
+    Control("tf32_truncated",
+            "every fp32 product's operands truncated to TF32, Hopper wgmma (declares tf32)"),
     Control("exp2_folded_scale", "scale * log2(e) as one fp32 constant, exp2, base-2 lse"),
     Control("exp2_approx", "exp2_folded_scale with exp2 to 22 bits (the GPUs' ex2.approx.f32)"),
     Control("q_prescaled", "Q * scale rounded to the input dtype before QK^T"),

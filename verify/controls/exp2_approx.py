@@ -12,13 +12,23 @@ P carries ~4x the error of a correctly rounded exponential. Correct.
 """
 
 import torch
-from flashcheck.reference.online import round_exp_approx
 from flashcheck.verify.controls.exp2_folded_scale import _Exp2FoldedScale
+
+
+def _round22(x: torch.Tensor) -> torch.Tensor:
+    """fp32 x rounded to 22 significant bits (nearest), as fp32; inf/NaN/other dtypes kept.
+    Not reference.round_exp_approx (bit masking): a control sharing the member's code would
+    pass it by construction."""
+    if x.dtype != torch.float32:
+        return x
+    m, e = torch.frexp(x.double())  # 0.5 <= |m| < 1: 22 bits are m · 2^22
+    r = torch.ldexp(torch.floor(m * 2.0**22 + 0.5) / 2.0**22, e)
+    return torch.where(torch.isfinite(x), r, x.double()).float()
 
 
 class _Exp2Approx(_Exp2FoldedScale):
     def exp(self, x):
-        return round_exp_approx(torch.exp2(x))
+        return _round22(torch.exp2(x))
 
 
 attention = _Exp2Approx()
