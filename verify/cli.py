@@ -146,12 +146,18 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     device = settle_device(args.device)
     from flashcheck.verify.fuzz import Campaign
 
+    if args.workers > 1:  # N fuzz processes sharing one example database (verify/scale.py)
+        from flashcheck.verify.scale import example_shares, run_workers
+
+        if args.examples is not None:
+            example_shares(args.examples, args.workers)  # a usage error before anything runs
+        return run_workers(args, device)
     # This process draws and shrinks; the kernel runs only in supervised workers.
     campaign = Campaign(None, kernel_spec=args.kernel, device=device, out=Path(args.out),
                         examples=args.examples, minutes=args.minutes, seed=args.seed,
                         keep_going=args.keep_going, dtypes=args.dtypes, max_n=args.max_n,
                         quiet=args.quiet, case_timeout=args.case_timeout,
-                        strict_subnormals=args.strict_subnormals)
+                        strict_subnormals=args.strict_subnormals, db=args.db)
     return campaign.run()
 
 
@@ -290,6 +296,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"example database and failures (default: {DEFAULT_OUT}/fuzz)")
     sp.add_argument("--keep-going", action="store_true",
                     help="collect distinct failures until the budget ends")
+    sp.add_argument("--workers", type=_positive_int, default=1, metavar="N",
+                    help="N fuzz processes sharing the example database, failures merged "
+                         "into DIR/failures (default: 1)")
+    sp.add_argument("--db", default=None, metavar="DIR|redis://HOST:PORT/N",
+                    help="the example database (default: DIR/hypothesis-db); a Redis URL "
+                         "shares one campaign across hosts")
     sp.add_argument("--dtypes", nargs="+", choices=("float16", "bfloat16", "float32"),
                     default=None, help="dtypes to draw (default: all the kernel runs here)")
     sp.add_argument("--max-n", type=_positive_int, default=None, metavar="N",

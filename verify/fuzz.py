@@ -201,6 +201,8 @@ class Campaign:
     quiet: bool = False
     case_timeout: float | None = None
     strict_subnormals: bool = False
+    # The example database: None = DIR/hypothesis-db; a directory; or redis://HOST:PORT/N.
+    db: str | None = None
     found: list[Path] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -333,9 +335,7 @@ class Campaign:
     def _run_once(self, bar: Progress, max_examples: int, state: dict, round_no: int) -> None:
         from hypothesis import HealthCheck, Phase, Verbosity, given, settings
         from hypothesis import seed as hyp_seed
-        from hypothesis.database import DirectoryBasedExampleDatabase
-
-        db = DirectoryBasedExampleDatabase(str(self.out / "hypothesis-db"))
+        db = example_database(self.db, self.out)
         test = given(self.strategy)(self._property(bar, state))
         test = settings(database=db, max_examples=max_examples, deadline=None,
                         phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target,
@@ -635,7 +635,7 @@ class Campaign:
               f"{', '.join(self.draw_dtypes)}; N <= {self.max_n}; "
               + (f"{self.examples} examples" if self.examples else f"{self.minutes} min")
               + (f"; seed {self.seed} (no example database)" if self.seed is not None
-                 else f"; database {self.out / 'hypothesis-db'}")
+                 else f"; database {self.db or self.out / 'hypothesis-db'}")
               + ("; case timeout " + (f"{self.case_timeout:g} s" if self.case_timeout
                                       else "auto")))
         for line in domain_notes(self.capabilities):
@@ -706,6 +706,15 @@ class Campaign:
               + f"; {len(self.found)} distinct failure(s)"
               + (f" in {self.out / 'failures'}" if self.found else "")
               + f"; {self.sup.started} worker process(es)")
+        import json
+
+        # What a campaign of several workers (verify/scale.py) adds up.
+        (self.out / "summary.json").write_text(json.dumps({
+            "kernel": self.kernel_spec, "device": self.device, "seed": self.seed,
+            "examples": self.calls - self._n_not_run(), "not_run": self._n_not_run(),
+            "wall_s": round(wall, 1), "interrupted": interrupted,
+            "failures": [str(p) for p in self.found], "exit": 1 if self.found else 0,
+        }, indent=1) + "\n")
         if self.not_run:
             n = self._n_not_run()
             print(f"fuzz: {n} drawn case(s) not run (the kernel rejected them, or its declared "
@@ -715,6 +724,27 @@ class Campaign:
                 more = f" (and {len(seen) - 1} more like it)" if len(seen) > 1 else ""
                 print(f"  {count} x not run: {why}{more}")
         return 1 if self.found else 0
+
+
+def example_database(db: str | None, out: Path):
+    """Hypothesis's example database for a campaign: ``DIR/hypothesis-db`` (None), a
+    directory, or ``redis://HOST:PORT/N`` (``RedisExampleDatabase``, needs the ``redis``
+    package); workers of one campaign share it (verify/scale.py)."""
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    if db is None:
+        return DirectoryBasedExampleDatabase(str(out / "hypothesis-db"))
+    if db.startswith(("redis://", "rediss://", "unix://")):
+        try:
+            import redis
+            from hypothesis.extra.redis import RedisExampleDatabase
+        except ImportError as e:
+            raise ValueError(f"--db {db}: a Redis database needs the redis package "
+                             f"(pip install redis): {e}") from None
+        return RedisExampleDatabase(redis.Redis.from_url(db))
+    if "://" in db:
+        raise ValueError(f"--db must be a directory or redis://HOST:PORT/N, got {db!r}")
+    return DirectoryBasedExampleDatabase(db)
 
 
 def shrink_key_of_sig(sig: tuple) -> tuple:
