@@ -66,6 +66,24 @@ def test_workers_count_every_example_of_a_correct_kernel(tmp_path):
     assert "2 workers," in r.stdout and "[w0]" in r.stdout and "[w1]" in r.stdout
 
 
+def test_visible_gpus(monkeypatch):
+    """Workers spread over the GPUs a process sees: none to spread on the CPU, on an indexed
+    device or with one GPU; the CUDA_VISIBLE_DEVICES ids when set, else 0..count-1."""
+    import torch
+    from flashcheck.verify.supervise import visible_gpus
+
+    assert visible_gpus("cpu") is None
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert visible_gpus("cuda") is None
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert visible_gpus("cuda") == ["0", "1", "2", "3"] and visible_gpus("cuda:1") is None
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    assert visible_gpus("cuda") == ["4", "5", "6", "7"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-abc")  # fewer ids than devices: indices
+    assert visible_gpus("cuda") == ["0", "1", "2", "3"]
+
+
 def test_workers_usage_errors(tmp_path):
     r = _fuzz("--kernel", "sdpa-math", "--examples", "1", "--workers", "2", "--out",
               str(tmp_path))

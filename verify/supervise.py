@@ -30,6 +30,10 @@ For all three, the innermost frame in the kernel's own code comes from the worke
 exception type (or signal) and the message with numbers stripped it forms the root cause
 (:func:`root_cause`) by which failures are deduplicated.
 
+Several GPUs: with ``device="cuda"`` and more than one visible GPU, worker n runs on GPU
+n mod count (``CUDA_VISIBLE_DEVICES`` set in the worker before its first CUDA call), so
+``run``/``gate --jobs J`` spread over the GPUs of a node.
+
 Write-ahead: with ``failures_dir`` set, each case is written as ``inflight/inflight-<id>.json``
 (a case file whose verdict says ``in_flight``) before it is sent; a crash or a timeout turns
 it into ``failures/<class>-<id>.json`` at once, a verdict removes it. A parent killed while a
@@ -204,8 +208,28 @@ def _is_cuda_error(text: str) -> bool:
     return any(m in low for m in CUDA_ERROR_MARKERS)
 
 
+def visible_gpus(device: str) -> list[str] | None:
+    """The GPUs to spread workers over: the ids visible to this process when ``device`` is
+    "cuda" (no index) and there are several, else None (every worker on the one device)."""
+    import torch
+
+    if device != "cuda":
+        return None
+    count = torch.cuda.device_count()
+    if count <= 1:
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [x.strip() for x in visible.split(",") if x.strip()] if visible else []
+    return ids[:count] if len(ids) >= count else [str(i) for i in range(count)]
+
+
 def _worker_main(conn, spec: str, device: str, threads: int | None, dump_path: str,
-                 parent_pid: int, strict_subnormals: bool = False) -> None:
+                 parent_pid: int, strict_subnormals: bool = False,
+                 gpu: str | None = None) -> None:
+    if gpu is not None:
+        # One GPU per worker, set before the first CUDA call of the process (the forkserver
+        # imported torch but never initialised CUDA): the kernel sees it as cuda:0.
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     import concurrent.futures as cf
     import faulthandler
     import threading
@@ -401,6 +425,8 @@ class Supervisor:
         self.kernel_root: str | None = None
         self._inflight_head: str | None = None
         self.started = 0  # workers started, for reports and tests
+        # Several GPUs: worker n runs on GPU n mod count (round robin over the spawns).
+        self.gpus = visible_gpus(device)
 
     # -- workers ---------------------------------------------------------------------------
 
@@ -409,9 +435,10 @@ class Supervisor:
         parent, child = ctx.Pipe()
         self._n += 1
         dump = os.path.join(self._tmp, f"worker-{self._n}.log")
+        gpu = self.gpus[(self._n - 1) % len(self.gpus)] if self.gpus else None
         proc = ctx.Process(target=_worker_main, name=f"flashcheck-worker-{self._n}",
                            args=(child, self.spec, self.device, self.threads, dump,
-                                 os.getpid(), self.strict_subnormals))
+                                 os.getpid(), self.strict_subnormals, gpu))
         proc.start()
         child.close()
         self.started += 1
