@@ -298,8 +298,9 @@ def _ieee_fp32_matmul():
 def _scores(ar: _Arith, p: Problem, qi, kj, attn_mask, rows, cols):
     """Scaled, masked scores of one tile in the accumulator dtype (in log2 units, i.e.
     times log2(e), when ``scale_at`` is a base-2 choice), and ``fused``: for
-    ``scale_at="exp2_fma"`` without an additive bias, the exact products QKᵀ·c in float64
-    (−inf where masked) that ``_Arith.exp_minus`` fuses with the shift; else None."""
+    ``scale_at="exp2_fma"``, the exact products QKᵀ·c in float64 (plus bias·log2 e with an
+    additive bias; −inf where masked) that ``_Arith.exp_minus`` fuses with the shift; else
+    None."""
     # One accumulator-dtype constant scale·log2(e) in base 2 (FlashAttention-2/3, Triton).
     c = torch.tensor(p.scale * LOG2E, dtype=ar.acc).item() if ar.base2 else p.scale
     if ar.scale_at in ("q", "q_exp2"):
@@ -321,9 +322,15 @@ def _scores(ar: _Arith, p: Problem, qi, kj, attn_mask, rows, cols):
         causal_alignment=p.causal_alignment, window=p.window, rows=rows, cols=cols,
         device=qi.device,
     )
-    if bias is not None:
+    if bias is not None and fused is not None:
+        # The fused exponent keeps an additive bias too: bias·log2(e) added to the exact
+        # scaled score in float64, so the row max's P stays 2^(a rounding), not 1 (the
+        # fa2_cuda_softmax control's false alarm at 1.43x: one key per row, a bias, P = 1
+        # exactly here against 1 ± 2^-11 in the control).
+        fused = fused + bias.to(torch.float64) * LOG2E
+        s = ar.ftz(fused.to(ar.acc))
+    elif bias is not None:
         s = s + (bias.to(ar.acc) * LOG2E if ar.base2 else bias.to(ar.acc))
-        fused = None
     if fused is not None:
         fused = fused.masked_fill(~allowed, -torch.inf)
     return s.masked_fill(~allowed, -torch.inf), fused
@@ -711,7 +718,8 @@ def online_attention(
       rounded to the input dtype before the product, softmax in base 2; ``"exp2_fma"``
       base 2 with the scale fused into the exponent: m is the max of fl(QKᵀ·c), but
       P = 2^fl(QKᵀ·c − m) with one rounding (an FFMA of the raw score), in the forward
-      and in the backward's recomputation of P (with an additive bias: as ``"exp2"``). The scale
+      and in the backward's recomputation of P (an additive bias is added, times log2 e,
+      to the exact product in float64). The scale
       enters dQ and dK as ``ds_scale`` says, with the unscaled Q, whatever ``scale_at``.
     - ``p_precision`` / ``ds_precision``: ``"input"`` P (resp. dS) rounded to the input
       dtype before the P@V and PᵀdO (resp. dS@K and dSᵀQ) products; ``"fp32"`` kept in the

@@ -309,6 +309,28 @@ def test_finite_where_the_exact_value_overflows_is_judged_by_the_tolerance():
     assert not bad.tensors["dq"].passed
 
 
+FUSED_EXP_BIAS = Case(B=1, Hq=2, Hkv=2, Nq=16, Nk=16, D=96, dtype="float16", window=(0, 0),
+                      mask={"kind": "bias", "shape": "bqk", "neginf_prob": 0.0,
+                            "neginf_first_tile": False, "tile": 16}, scale=2.0,
+                      dist={"kind": "normal", "sigma": 30.0}, seed=83137)
+
+
+def test_fused_exponent_with_an_additive_bias_is_a_member():
+    """One key per row (window (0, 0)) under an additive bias at logits ~2.5e4: the
+    fa2_cuda_softmax control's P of that key is 2^(a rounding), 1 ± 2^-10, rounded to fp16
+    for P@V while l keeps it, so D_i and dS carry it: dq 4.0 where the exact value is 0. The
+    member dropped the fused exponent under a bias (P = 1, dq error 0.03) and the control
+    failed at 1.43x (controls campaign, seed 170554465); the member keeps it now, and 4x
+    the control's error still fails."""
+    from flashcheck.verify.controls.fa2_cuda_softmax import attention as fused
+
+    v = check_case(fused, FUSED_EXP_BIAS, "cpu", family="full")
+    assert v.status == "pass", v.summary()
+    assert v.tensors["dq"].member == "fa2_cuda_softmax"
+    bad = check_case(amplified(fused, 4.0), FUSED_EXP_BIAS, "cpu")
+    assert (bad.status, bad.failure) == ("fail", "numerical"), bad.summary()
+
+
 FLUSH_AT_THRESHOLD = Case(B=1, Hq=1, Hkv=1, Nq=41, Nk=41, D=44, dtype="float16",
                           dist={"kind": "normal", "sigma": 0.1}, seed=4)
 
