@@ -146,8 +146,18 @@ def round_tf32(x: torch.Tensor) -> torch.Tensor:
     """
     if x.dtype != torch.float32:
         raise ValueError(f"round_tf32: expected a float32 tensor; got {x.dtype}")
-    r = ((x.view(torch.int32) + 0x1000) & -0x2000).view(torch.float32)
-    return torch.where(torch.isfinite(x), r, x)
+    return _keep_bits(x, 11, nearest=True)
+
+
+def _keep_bits(x: torch.Tensor, bits: int, *, nearest: bool) -> torch.Tensor:
+    """fp32 ``x`` kept to ``bits`` significant bits, as fp32: rounded to nearest (ties away
+    from zero: half a unit added to the magnitude's bits) or truncated (toward zero). inf
+    and NaN are left unchanged."""
+    drop = 24 - bits
+    i = x.view(torch.int32)
+    if nearest:
+        i = i + (1 << (drop - 1))
+    return torch.where(torch.isfinite(x), (i & -(1 << drop)).view(torch.float32), x)
 
 
 # Significant bits an approximate fp32 exponential keeps: ex2.approx.f32 (what exp2f, __expf
@@ -158,13 +168,11 @@ APPROX_EXP_BITS = 22
 
 def round_exp_approx(x: torch.Tensor) -> torch.Tensor:
     """An fp32 exponential's result rounded to ``APPROX_EXP_BITS`` significant bits (nearest,
-    ties up): relative error at most 2^-22, the envelope of the GPUs' approximate exp2.
+    ties away from zero): relative error at most 2^-22, the envelope of the GPUs' approximate exp2.
     Other dtypes, inf and NaN are returned unchanged."""
     if x.dtype != torch.float32:
         return x
-    drop = 24 - APPROX_EXP_BITS
-    r = ((x.view(torch.int32) + (1 << (drop - 1))) & -(1 << drop)).view(torch.float32)
-    return torch.where(torch.isfinite(x), r, x)
+    return _keep_bits(x, APPROX_EXP_BITS, nearest=True)
 
 
 def truncate_tf32(x: torch.Tensor) -> torch.Tensor:
@@ -174,8 +182,7 @@ def truncate_tf32(x: torch.Tensor) -> torch.Tensor:
     error below 2^-10, twice the nearest rounding's. inf and NaN are left unchanged."""
     if x.dtype != torch.float32:
         raise ValueError(f"truncate_tf32: expected a float32 tensor; got {x.dtype}")
-    r = (x.view(torch.int32) & -0x2000).view(torch.float32)
-    return torch.where(torch.isfinite(x), r, x)
+    return _keep_bits(x, 11, nearest=False)
 
 
 def _flush(x: torch.Tensor, tiny: float) -> torch.Tensor:
@@ -250,8 +257,7 @@ class _Arith:
 
     def exp(self, x: torch.Tensor) -> torch.Tensor:
         """e^x, or 2^x when the scores are in log2 units (``scale_at="exp2"``); flushed."""
-        e = torch.exp2(x) if self.base2 else torch.exp(x)
-        return self.ftz(round_exp_approx(e) if self.approx_exp else e)
+        return self._exp_result(torch.exp2(x) if self.base2 else torch.exp(x))
 
     def exp_minus(self, s: torch.Tensor, fused, shift: torch.Tensor) -> torch.Tensor:
         """P = exp(s − shift) for a tile of scores ``s`` (see ``exp``). With
@@ -260,7 +266,11 @@ class _Arith:
         score, the constant and the negated shift, never the rounded scaled score."""
         if fused is None:
             return self.exp(s - shift)
-        e = torch.exp2((fused - shift.to(torch.float64)).to(self.acc))
+        return self._exp_result(torch.exp2((fused - shift.to(torch.float64)).to(self.acc)))
+
+    def _exp_result(self, e: torch.Tensor) -> torch.Tensor:
+        """An exponential as the kernel has it: to 22 bits with ``exp_accuracy="approx"``;
+        flushed."""
         return self.ftz(round_exp_approx(e) if self.approx_exp else e)
 
     def normalize(self, acc: torch.Tensor, l: torch.Tensor) -> torch.Tensor:

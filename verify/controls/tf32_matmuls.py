@@ -13,18 +13,21 @@ import torch
 from flashcheck.verify.mutants._blocked import BlockedAttention
 
 
-def _tf32(x: torch.Tensor) -> torch.Tensor:
-    """x rounded to 11 significant bits (ties away from zero), as fp32; inf/NaN kept. Not
-    reference.round_tf32 (bit masking): a control that shared the member's code would pass
-    it by construction."""
+def _tf32(x: torch.Tensor, *, truncate: bool = False) -> torch.Tensor:
+    """x to 11 significant bits, as fp32: rounded (ties away from zero) or truncated (toward
+    zero); inf/NaN kept. Not reference.round_tf32 / truncate_tf32 (bit masking): a control
+    that shared the member's code would pass it by construction."""
     m, e = torch.frexp(x.double())  # x = m · 2^e, 0.5 <= |m| < 1: 11 bits are m · 2^11
-    r = torch.ldexp(torch.sign(m) * torch.floor(m.abs() * 2048 + 0.5) / 2048, e)
+    half = 0.0 if truncate else 0.5
+    r = torch.ldexp(torch.sign(m) * torch.floor(m.abs() * 2048 + half) / 2048, e)
     return torch.where(torch.isfinite(x), r, x.double()).float()
 
 
 class _Tf32(BlockedAttention):
+    truncate = False  # the tf32_truncated control sets it
+
     def mm(self, a, b):
-        return _tf32(a) @ _tf32(b)
+        return _tf32(a, truncate=self.truncate) @ _tf32(b, truncate=self.truncate)
 
 
 attention = _Tf32()

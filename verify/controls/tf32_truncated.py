@@ -10,22 +10,11 @@ the fasterkernels package's fp32 output (B1 H1 Nq1 Nk1 D16, docs/reports/outside
 this truncation bit for bit. Correct; judged with the ``tf32_truncated`` member.
 """
 
-import torch
-from flashcheck.verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.controls.tf32_matmuls import _Tf32
 
 
-def _tf32_truncated(x: torch.Tensor) -> torch.Tensor:
-    """x truncated to 11 significant bits (toward zero), as fp32; inf/NaN kept. Not
-    reference.truncate_tf32 (bit masking): a control that shared the member's code would
-    pass it by construction."""
-    m, e = torch.frexp(x.double())  # x = m · 2^e, 0.5 <= |m| < 1: 11 bits are m · 2^11
-    r = torch.ldexp(torch.trunc(m * 2048) / 2048, e)
-    return torch.where(torch.isfinite(x), r, x.double()).float()
-
-
-class _Tf32Truncated(BlockedAttention):
-    def mm(self, a, b):
-        return _tf32_truncated(a) @ _tf32_truncated(b)
+class _Tf32Truncated(_Tf32):
+    truncate = True  # its own frexp arithmetic (tf32_matmuls._tf32), not the member's
 
 
 attention = _Tf32Truncated()
