@@ -15,7 +15,8 @@ same way (README, "Scale a campaign out").
   for a seeded run).
 - Budget: ``--minutes M`` applies to each worker; ``--examples N`` is split between them, so
   the campaign runs N examples in all.
-- Placement: with several CUDA GPUs, worker i sees GPU i mod count (``CUDA_VISIBLE_DEVICES``);
+- Placement: with several CUDA GPUs, worker i sees GPU i mod count (``CUDA_VISIBLE_DEVICES``,
+  the ids from ``verify.supervise.visible_gpus``, as the supervised workers are placed);
   on the CPU each gets cores / N OpenMP threads (unless ``OMP_NUM_THREADS`` is set).
 - When every worker has ended, their failures are merged into ``OUT/failures/``: one file per
   signature (the one ``--keep-going`` uses: class, worst tensor, configuration, or the root
@@ -79,13 +80,12 @@ def worker_argv(args: Any, index: int, out: Path, db: str, examples: int | None)
 
 
 def worker_env(index: int, workers: int, device: str) -> dict[str, str]:
-    env = dict(os.environ)
-    if device.startswith("cuda"):
-        import torch
+    from flashcheck.verify.supervise import visible_gpus
 
-        count = torch.cuda.device_count()  # NVML: no CUDA context in this process
-        if count > 1 and "CUDA_VISIBLE_DEVICES" not in os.environ:
-            env["CUDA_VISIBLE_DEVICES"] = str(index % count)
+    env = dict(os.environ)
+    gpus = visible_gpus(device)  # the supervised workers' rule: GPU index mod count
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
     if "OMP_NUM_THREADS" not in os.environ:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
     return env
@@ -170,13 +170,13 @@ def merge(out: Path, n: int, codes: list[int]) -> int:
             entry = best.setdefault(sig, {"found_by": {}, "case": None, "path": None})
             entry["found_by"][f"w{i}"] = entry["found_by"].get(f"w{i}", 0) + 1
             if entry["case"] is None or case_size(case) < case_size(entry["case"]):
-                entry.update(case=case, path=path)
+                entry.update(case=case, path=path, data=d)
     fdir = out / "failures"
     fdir.mkdir(parents=True, exist_ok=True)
     kept = []
     for entry in best.values():
         src: Path = entry["path"]
-        d = json.loads(src.read_text())
+        d = entry["data"]
         d.setdefault("verdict", {}).setdefault("observations", {})["workers"] = {
             "found_by": sorted(entry["found_by"]),
             "files": sum(entry["found_by"].values()),

@@ -74,8 +74,8 @@ def main(argv=None) -> int:
     base, cases = small_cases(args.profile, args.max_n, args.copies)
     # The cases run in a worker process: profile it too (set before the first worker, so
     # the forkserver that starts them has it).
-    wprof = os.path.join(tempfile.mkdtemp(prefix="fc-tp-"), "worker.prof")
     if args.cprofile and args.jobs == 1:
+        wprof = os.path.join(tempfile.mkdtemp(prefix="fc-tp-"), "worker.prof")
         os.environ["FLASHCHECK_WORKER_CPROFILE"] = wprof
     stages: dict[str, float] = collections.Counter()
     status: dict[str, int] = collections.Counter()
