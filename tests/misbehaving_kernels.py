@@ -105,9 +105,10 @@ def history_wrong(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
 
 _RNG = random.Random(int.from_bytes(os.urandom(8), "little"))
 # random_wrong's chance of a wrong call. A check calls the forward twice, so a case fails
-# (numerical or nondeterministic) with probability 1 - 0.7^2 = 0.51 and passes with 0.49:
-# a campaign finds it at once, and the chance that a shrunk case and its re-checks all give
-# the same failure class, so that it is not recognised as flaky, is at most 0.3^4 < 1%.
+# with probability 1 - 0.7^2 = 0.51 (nondeterministic 0.42, numerical 0.09) and passes with
+# 0.49: a campaign finds it at once, and the chance that the shrunk case's eight re-checks all
+# give the same failure class, so that it is not recognised as flaky, is 0.42^8 ~ 0.1%
+# (verify/fuzz.py, CONFIRM_RUNS).
 _P_WRONG = 0.3
 
 

@@ -79,12 +79,13 @@ MAX_FRESH_SHRINK = 64
 # timeout) leave room for larger cases, and --minutes cuts it shorter, keeping the smallest
 # case so far.
 MAX_TIMEOUT_SHRINK = 24
-# Re-checks of a shrunk (non-crash) failure before it is written: with Hypothesis's final
-# replay, four runs must give the same failure class. A kernel wrong at random, whose case
-# gives that class with probability q per check, passes for deterministic with q^4: under
-# 1% for q <= 0.3 (tests/misbehaving_kernels.py's random_wrong) and 6% at q = 1/2. Each
-# costs one case, paid once per recorded failure.
-CONFIRM_RUNS = 3
+# Re-checks of a shrunk (non-crash) failure before it is written: CONFIRM_RUNS + 1 of them (the
+# last in a fresh worker), after Hypothesis's final replay, must all give the same class.
+# A kernel wrong at random, whose case gives that class with probability q per check, passes
+# for deterministic with q^(CONFIRM_RUNS + 1): 0.1% at q = 0.42 (tests/misbehaving_kernels.py's
+# random_wrong: one of the check's two forward calls wrong, 2 * 0.3 * 0.7) and 0.4% at the
+# worst, q = 1/2. Each costs one case, paid once per recorded failure.
+CONFIRM_RUNS = 7
 # Fresh workers used to classify a flaky failure, each running the case twice: a first-use
 # bug gives "first run fails, second passes" in every one, while a bug that fails a check at
 # random with probability p fakes that pattern with (p(1-p))^5 <= (1/4)^5 < 0.1%. A fresh
