@@ -20,7 +20,9 @@ from flashcheck.reference.exact import attention_fp64
 from flashcheck.verify.cases import Case
 from flashcheck.verify.mutants import CATALOGUE, Mutant, by_name
 from flashcheck.verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._ragged import DecodeAttention, VarlenAttention
 from flashcheck.verify.mutants._triton_fwd import TritonForward
+from flashcheck.verify.ragged import call_ragged
 
 from flashcheck import verify
 
@@ -44,6 +46,20 @@ PRECISION_BITE = {"p_bf16_for_fp16": 2.5, "ds_bf16_for_dk": 2.5}
 
 BASE = dict(B=2, Hq=2, Hkv=2, Nq=16, Nk=16, D=16, dtype="float32", backward=False, seed=1)
 GRAD = dict(backward=True)
+
+
+
+def _varlen(lq, lk, **kw):
+    """Overrides of BASE for a varlen case with these sequence lengths."""
+    return dict(B=1, Nq=sum(lq), Nk=sum(lk), layout="bnhd", api="varlen",
+                ragged={"seqlens_q": lq, "seqlens_k": lk}, **kw)
+
+
+def _decode(lens, page=16, nq=2):
+    """Overrides of BASE for a decode case with these cache lengths."""
+    return dict(B=len(lens), Nq=nq, Nk=max(lens), layout="bnhd", api="decode",
+                ragged={"cache_seqlens": lens, "page_size": page, "spare_blocks": 1})
+
 
 # name -> (quiet case overrides or None, biting case overrides)
 CASES: dict[str, tuple[dict | None, dict]] = {
@@ -77,6 +93,14 @@ CASES: dict[str, tuple[dict | None, dict]] = {
         dict(Nk=24, **GRAD),
         dict(Nk=24, dtype="bfloat16", dist={"kind": "large_logits"}, **GRAD),
     ),
+    "varlen_neighbour_keys": (_varlen([16], [16]), _varlen([8, 8], [8, 8])),
+    "varlen_cu_off_by_one": (_varlen([16], [16]), _varlen([8, 8], [8, 8])),
+    "varlen_causal_global": (_varlen([8, 8], [8, 8], is_causal=True),
+                             _varlen([8, 8], [4, 12], is_causal=True)),
+    "decode_block_table_ignored": (None, _decode([20, 33])),  # every drawn table is shuffled
+    "decode_page_off_by_one": (_decode([16, 9]), _decode([40, 33])),
+    "decode_merge_no_rescale": (_decode([16, 9]), _decode([40, 33])),
+    "decode_tail_unmasked": (_decode([32, 16]), _decode([37, 20])),
     "uninitialized_output": (None, dict()),
     "mutates_inputs": (dict(), dict()),
     "shape_cache": (dict(), dict()),
@@ -92,6 +116,9 @@ def _fresh(m: Mutant):
 
 
 def _base_for(m: Mutant):
+    api = m.load().capabilities.get("api", "dense")
+    if api != "dense":
+        return VarlenAttention() if api == "varlen" else DecodeAttention()
     return TritonForward() if m.impl == "triton" else BlockedAttention()
 
 
@@ -106,7 +133,10 @@ def _run(kernel, case: Case):
     if case.backward:
         for t in (inp.query, inp.key, inp.value):
             t.requires_grad_(True)
-    out = kernel(inp.query, inp.key, inp.value, **inp.kwargs())
+    if inp.api_args is not None:
+        out = call_ragged(kernel, inp)[0]
+    else:
+        out = kernel(inp.query, inp.key, inp.value, **inp.kwargs())
     grads = None
     if case.backward:
         grads = tuple(g.cpu() for g in

@@ -244,7 +244,8 @@ def test_gate_and_run_record_a_crash_and_exit_1(tmp_path, monkeypatch, capsys):
     from flashcheck import verify
 
     sweep = [Case(B=1, Hq=1, Hkv=1, Nq=n, Nk=6, D=8, dtype="float32", seed=5) for n in (4, 12)]
-    monkeypatch.setattr(verify.strategies, "fixed_sweep", lambda profile: list(sweep))
+    monkeypatch.setattr(verify.strategies, "fixed_sweep",
+                        lambda profile, api="dense": list(sweep))
     spec = _spec("segv_large")
     assert cli.main(["run", "--kernel", spec, "--device", "cpu", "--out", str(tmp_path / "r"),
                      "--quiet"]) == 1

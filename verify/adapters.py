@@ -79,7 +79,11 @@ _SDPA_BACKENDS = {
     "sdpa-efficient": "EFFICIENT_ATTENTION",
     "sdpa-cudnn": "CUDNN_ATTENTION",
 }
-BUILTINS = ("triton", "triton-fa1", "reference", "online", *_SDPA_BACKENDS, "flex")
+# Built-ins of the varlen and decode APIs (verify/ragged.py): ours and PyTorch peers.
+RAGGED_BUILTINS = ("triton-varlen", "triton-decode", "sdpa-varlen", "flex-varlen",
+                   "sdpa-decode")
+BUILTINS = ("triton", "triton-fa1", "reference", "online", *_SDPA_BACKENDS, "flex",
+            *RAGGED_BUILTINS)
 
 
 class SpecError(ValueError):
@@ -309,6 +313,12 @@ def _builtin(name: str, device: str) -> Callable:
         return _online_kernel()
     if name in _SDPA_BACKENDS:
         return _sdpa_kernel(_SDPA_BACKENDS[name])
+    if name in ("triton-varlen", "triton-decode"):
+        return _triton("attention_" + name.removeprefix("triton-"), name)
+    if name in RAGGED_BUILTINS:
+        from flashcheck.verify import ragged
+
+        return ragged.peer(name, device)
     return _flex_kernel(device)
 
 
@@ -447,7 +457,11 @@ class Kernel:
 
     def _probe(self, feature: str, device: str, probes: list[Case]) -> str | None:
         """Run the probe cases of ``feature``; None when any of them worked (or failed in a
-        way that is not a clear rejection), else the reason it is outside the domain."""
+        way that is not a clear rejection), else the reason it is outside the domain.
+        Kernels of the varlen and decode APIs are not probed: what they do not declare is
+        in the domain, and a clear rejection of a real case is "not run: reason"."""
+        if self.api != "dense":
+            return None
         key = (self.spec, device, feature)
         if key not in _PROBE_CACHE:
             reasons = []
@@ -521,6 +535,8 @@ class Kernel:
         return tuple(self.declared.get("extensions", ()))
 
     def mask_kinds(self, dtype: str = "float16", device: str | None = None) -> tuple[str, ...]:
+        if self.api != "dense":
+            return ()  # no attn_mask in those APIs: the structure is in the sequences
         device = device or self.device
         return tuple(k for k in ("bool", "additive")
                      if self._mask_reason(k, dtype, device) is None)
@@ -571,11 +587,19 @@ class Kernel:
 
     # -- the domain -----------------------------------------------------------------------
 
+    @property
+    def api(self) -> str:
+        """The plug-in API the kernel declares (``capabilities["api"]``; default dense)."""
+        return self.declared.get("api", "dense")
+
     def supports(self, case: Case, device: str | None = None) -> tuple[bool, str]:
         """(True, "") when ``case`` is inside the kernel's domain on ``device``, else
         (False, reason). Declared rules first, then probes of what is undeclared, then the
         declared ``supports(case)``."""
         device = device or self.device
+        if case.api != self.api:
+            return False, (f"a {case.api} case; the kernel's API is {self.api} "
+                           f"(capabilities['api'])")
         devices = self.declared.get("devices")
         if devices is not None and torch.device(device).type not in devices:
             return False, f"device {device} not in declared devices {tuple(devices)}"
@@ -617,6 +641,12 @@ class Kernel:
         return need_ext or causal_plus_mask
 
     def _needs_mask_reason(self, case: Case, device: str) -> str | None:
+        if case.api != "dense":  # no attn_mask to fold a missing extension into
+            ext = self.extensions()
+            need = [n for n, on in (("window", case.window is not None), (
+                "causal_alignment", case.causal_alignment == "bottom_right" and (
+                    case.is_causal or case.window is not None))) if on and n not in ext]
+            return f"kernel lacks the {'/'.join(need)} extension" if need else None
         kind = case.mask["kind"]
         needed = set()
         if kind == "bias":
@@ -667,6 +697,10 @@ class Kernel:
 
     def call(self, inputs: Inputs):
         """Run the kernel on ``inputs``; returns (out, lse or None)."""
+        if inputs.api_args is not None:
+            from flashcheck.verify.ragged import call_ragged
+
+            return call_ragged(self.fn, inputs)
         args, kw = self.arguments(inputs)
         res = self.fn(*args, **kw)
         if isinstance(res, tuple):

@@ -11,6 +11,11 @@ allows. The domain keys this module decides on a case, without running anything:
 - ``same_seqlen``: Nq == Nk is required;
 - ``max_seqlen``: Nq and Nk are at most this;
 - ``layouts``: the case layouts accepted (``verify.cases.LAYOUTS``);
+- ``api``: ``"dense"`` (the SDPA signature, the default), ``"varlen"`` or ``"decode"``
+  (verify/ragged.py); a kernel is given only cases of its API, and one of the varlen or
+  decode API is not probed (what it leaves undeclared is in the domain). For those APIs
+  ``max_seqlen`` bounds the longest sequence, and decode kernels may declare
+  ``page_sizes`` (the page sizes they take) and ``max_new_tokens`` (1..16);
 - ``backward``: a bool, a dict ``{dtype: bool}`` (a dtype left out is probed), or
   ``"causal_only"`` (gradients only for ``is_causal`` cases).
 
@@ -28,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 
 from flashcheck.verify.cases import DTYPES, LAYOUTS, MAX_HEAD_DIM
+from flashcheck.verify.ragged import APIS, MAX_NEW_TOKENS, PAGE_SIZE_MAX, max_seqlens
 
 __all__ = [
     "KEYS", "check_capabilities", "seq_multiple", "head_dim_reason", "head_dim_values",
@@ -45,7 +51,8 @@ _BOOL_KEYS = ("mask_broadcast", "gqa", "deterministic_backward", "tf32", "same_s
 _DERIVED = ("probed_not_run", "probe_rejected_cases", "head_dim_sample")
 KEYS = ("dtypes", "head_dims", "masks", "mask_broadcast", "extensions", "gqa", "backward",
         "devices", "not_run", "deterministic_backward", "tf32", "family", "causal_with_mask",
-        "seq_multiple", "same_seqlen", "max_seqlen", "layouts", "supports")
+        "seq_multiple", "same_seqlen", "max_seqlen", "layouts", "supports", "api",
+        "page_sizes", "max_new_tokens")
 
 
 def _bad(key: str, form: str, value) -> ValueError:
@@ -162,6 +169,18 @@ def check_capabilities(caps) -> dict:
         if not isinstance(v, Mapping) or not all(
                 isinstance(d, Mapping) and dev in _DEVICES for dev, d in v.items()):
             raise _bad("not_run", "a dict {device_type: {dtype: reason}}", v)
+    if "api" in out and out["api"] not in APIS:
+        raise _bad("api", f"one of {list(APIS)}", out["api"])
+    if "page_sizes" in out:
+        v = out["page_sizes"]
+        if isinstance(v, (str, bytes)) or not isinstance(v, Iterable) or not v or not all(
+                _is_int(x) and 1 <= x <= PAGE_SIZE_MAX for x in v):
+            raise _bad("page_sizes", f"a tuple of ints in [1, {PAGE_SIZE_MAX}]", v)
+        out["page_sizes"] = tuple(sorted(set(v)))
+    if "max_new_tokens" in out:
+        v = out["max_new_tokens"]
+        if not _is_int(v) or not 1 <= v <= MAX_NEW_TOKENS:
+            raise _bad("max_new_tokens", f"an int in [1, {MAX_NEW_TOKENS}]", v)
     if "supports" in out and not callable(out["supports"]):
         raise _bad("supports", "a callable case -> None | str", out["supports"])
     return out
@@ -214,6 +233,8 @@ def domain_reason(caps: Mapping, case) -> str | None:
     r = head_dim_reason(caps, case.D)
     if r:
         return r
+    if case.api != "dense":
+        return _ragged_reason(caps, case)
     m = seq_multiple(caps, case.is_causal)
     if m > 1 and (case.Nq % m or case.Nk % m):
         what = "causal" if case.is_causal else "non-causal"
@@ -227,6 +248,23 @@ def domain_reason(caps: Mapping, case) -> str | None:
     layouts = caps.get("layouts")
     if layouts is not None and case.layout not in layouts:
         return f"layout {case.layout} not in declared layouts {tuple(layouts)}"
+    return None
+
+
+def _ragged_reason(caps: Mapping, case) -> str | None:
+    """The declared domain of a varlen/decode case: the longest sequence, the page size and
+    the new tokens per call."""
+    top = caps.get("max_seqlen")
+    longest = max(max_seqlens(case))
+    if top is not None and longest > top:
+        return f"sequence length {longest} > declared max_seqlen {top}"
+    if case.api == "decode":
+        page = case.ragged["page_size"]
+        if "page_sizes" in caps and page not in caps["page_sizes"]:
+            return f"page size {page} not in declared page_sizes {caps['page_sizes']}"
+        most = caps.get("max_new_tokens", MAX_NEW_TOKENS)
+        if case.Nq > most:
+            return f"{case.Nq} new tokens > declared max_new_tokens {most}"
     return None
 
 

@@ -223,6 +223,8 @@ class Inputs:
     window: tuple[int, int] | None = None
     scale: float | None = None
     enable_gqa: bool = False
+    # A varlen/decode case: what its kernel gets beside the tensors (verify/ragged.py).
+    api_args: dict | None = None
 
     def kwargs(self) -> dict:
         """SDPA keyword arguments for this problem, plus the extensions it needs.
@@ -288,6 +290,10 @@ def _build_mask(case: Case) -> torch.Tensor | None:
     like q/k/v, because torch's float32 ``randn`` takes a vectorised path whose results may
     depend on the CPU's instruction set.
     """
+    if case.api != "dense":
+        from flashcheck.verify.ragged import ragged_mask
+
+        return ragged_mask(case)
     m = case.mask
     kind = m["kind"]
     if kind == "none":
@@ -363,6 +369,8 @@ class Case:
     backward: bool = True
     seed: int = 0
     tf32: bool = False
+    api: str = "dense"
+    ragged: dict | None = None
     version: int = CASE_VERSION
 
     def __post_init__(self) -> None:
@@ -421,6 +429,9 @@ class Case:
         object.__setattr__(
             self, "grad_dist", normalize_dist(self.grad_dist, field="grad_dist", grad=True)
         )
+        from flashcheck.verify.ragged import normalize_ragged
+
+        object.__setattr__(self, "ragged", normalize_ragged(self.api, self.ragged, self))
 
     # -- derived --------------------------------------------------------------------------
 
@@ -447,6 +458,7 @@ class Case:
             "mask": self.mask["kind"],
             "dist": self.dist["kind"],
             "gqa": _gqa_kind(self.Hq, self.Hkv),
+            **({} if self.api == "dense" else {"api": _ragged_config(self)}),
         }
 
     def short(self) -> str:
@@ -459,7 +471,13 @@ class Case:
             f"Nk{self.Nk}",
             f"D{self.D}",
         ]
-        if self.layout != "contiguous":
+        if self.api != "dense":
+            from flashcheck.verify.ragged import short_ragged
+
+            # varlen: the sequences replace B, Nq, Nk; decode: the cache lengths replace Nk
+            keep = (0, 2) if self.api == "varlen" else (0, 1, 2, 3)
+            parts = [parts[i] for i in keep] + [short_ragged(self), parts[5]]
+        if self.layout != "contiguous" and self.api == "dense":
             parts.append(self.layout)
         if self.is_causal:
             parts.append("causal=" + ("br" if self.causal_alignment == "bottom_right" else "tl"))
@@ -487,8 +505,8 @@ class Case:
         """Plain JSON-ready dict (``version`` first)."""
         d = {"version": self.version}
         for f in dataclasses.fields(self):
-            if f.name == "version":
-                continue
+            if f.name == "version" or (f.name in ("api", "ragged") and self.api == "dense"):
+                continue  # dense cases keep the JSON they always had
             v = getattr(self, f.name)
             if f.name == "window" and v is not None:
                 v = list(v)
@@ -554,6 +572,18 @@ class Case:
     def place(self, drawn: dict[str, torch.Tensor | None], device="cpu") -> Inputs:
         """Lay :meth:`draw`'s tensors out on ``device`` as the case's layout asks."""
         mask = drawn["attn_mask"]
+        if self.api != "dense":
+            from flashcheck.verify.ragged import api_args
+
+            # The oracles see the dense equivalent: its structure is all in the mask.
+            return Inputs(
+                query=_lay_out(drawn["query"], self.layout, device),
+                key=_lay_out(drawn["key"], self.layout, device),
+                value=_lay_out(drawn["value"], self.layout, device),
+                attn_mask=mask.to(device), grad_out=_lay_out(drawn["grad_out"], self.layout,
+                                                             device),
+                scale=self.scale, enable_gqa=self.enable_gqa,
+                api_args=api_args(self, device))
         return Inputs(
             query=_lay_out(drawn["query"], self.layout, device),
             key=_lay_out(drawn["key"], self.layout, device),
@@ -566,6 +596,12 @@ class Case:
             scale=self.scale,
             enable_gqa=self.enable_gqa,
         )
+
+
+def _ragged_config(case: Case) -> str:
+    from flashcheck.verify.ragged import config_part
+
+    return config_part(case)
 
 
 def _short_val(v) -> str:

@@ -113,6 +113,23 @@ def settle_device(requested: str | None) -> str:
 # ------------------------------------------------------------------------------- commands
 
 
+def settle_api(args: argparse.Namespace, device: str) -> str:
+    """The plug-in API of ``--kernel`` (its declared capabilities['api'], read in a
+    supervised worker); a ``--api`` that contradicts it is a usage error."""
+    from flashcheck.verify.supervise import Supervisor
+
+    sup = Supervisor(args.kernel, device)
+    try:
+        api = sup.api()
+    finally:
+        sup.close()
+    if args.api is not None and args.api != api:
+        raise UsageError(f"--api {args.api}: the kernel {args.kernel!r} declares the {api} API "
+                         f"(capabilities['api']; a kernel of the {args.api} API declares "
+                         f"capabilities = {{'api': '{args.api}', ...}})")
+    return api
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from flashcheck.verify import report as R
 
@@ -122,7 +139,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from flashcheck.verify.sweep import run_cases
 
     out = Path(args.out)
-    sweep = fixed_sweep(profile)
+    sweep = fixed_sweep(profile, settle_api(args, device))
     # The kernel is resolved and run only inside supervised workers (verify/supervise.py).
     records = run_cases(None, sweep, device, kernel_spec=args.kernel,
                         failures_dir=out / "failures", what=f"run[{profile}]",
@@ -157,7 +174,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                         examples=args.examples, minutes=args.minutes, seed=args.seed,
                         keep_going=args.keep_going, dtypes=args.dtypes, max_n=args.max_n,
                         quiet=args.quiet, case_timeout=args.case_timeout,
-                        strict_subnormals=args.strict_subnormals, db=args.db)
+                        strict_subnormals=args.strict_subnormals, db=args.db, api=args.api)
     return campaign.run()
 
 
@@ -172,6 +189,8 @@ def cmd_repro(args: argparse.Namespace) -> int:
                          backward=not args.forward_only)
     device = settle_device(args.device or target.device_hint)
     spec = args.kernel or target.kernel_spec or DEFAULT_KERNEL
+    if args.api is not None and args.api != target.case.api:
+        raise UsageError(f"--api {args.api}: the case is of the {target.case.api} API")
     return replay(None, target, device=device, kernel_spec=spec,
                   case_timeout=args.case_timeout, repeat=args.repeat,
                   strict_subnormals=args.strict_subnormals)
@@ -183,6 +202,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     device = settle_device(args.device)
     profile = "gpu" if device == "cuda" else "cpu"
     model = gate.device_model(device)
+    api = settle_api(args, device)
     budgets = Path(args.budgets) if args.budgets else gate.default_budgets_path(args.kernel,
                                                                                 profile, model)
     if not args.update and not budgets.exists():
@@ -194,7 +214,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
                          budgets_path=budgets, corpus=corpus, update=args.update,
                          out=Path(args.out), quiet=args.quiet, command=args.argv,
                          jobs=args.jobs, case_timeout=args.case_timeout, model=model,
-                         strict_subnormals=args.strict_subnormals)
+                         strict_subnormals=args.strict_subnormals, api=api)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -250,6 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--path", action="append", default=[], metavar="DIR",
                         help="directory to import MODULE:ATTR kernels from, besides the "
                              "working directory (repeatable)")
+        sp.add_argument("--api", choices=("dense", "varlen", "decode"), default=None,
+                        help="the kernel's plug-in API: dense (SDPA), varlen (packed "
+                             "sequences) or decode (paged KV cache); default: the kernel's "
+                             "capabilities['api'], else dense. Given, it must match")
 
     def quiet(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--quiet", "-q", action="store_true", help="no progress output")

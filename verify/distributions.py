@@ -89,7 +89,8 @@ _FLOAT_RANGES = {
 _INT_RANGES = {"groups": (1, 1 << 20)}
 
 # Random streams: one per tensor, so the draws of one do not shift the others.
-STREAMS = {"query": 0, "key": 1, "value": 2, "grad_out": 3, "mask": 4, "aux": 5}
+STREAMS = {"query": 0, "key": 1, "value": 2, "grad_out": 3, "mask": 4, "aux": 5,
+           "block_table": 6, "cache_garbage": 7}
 
 
 def stream(seed: int, name: str) -> torch.Generator:

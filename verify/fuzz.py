@@ -204,6 +204,8 @@ class Campaign:
     strict_subnormals: bool = False
     # The example database: None = DIR/hypothesis-db; a directory; or redis://HOST:PORT/N.
     db: str | None = None
+    # The plug-in API asked for (--api); None: the kernel's own. A contradiction is an error.
+    api: str | None = None
     found: list[Path] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -239,6 +241,10 @@ class Campaign:
                 self.probe_crash = str(e)
                 caps = {}
             self.capabilities = caps
+            declared = caps.get("api", "dense")
+            if self.api is not None and self.api != declared and not self.probe_crash:
+                raise ValueError(f"--api {self.api}: the kernel {self.kernel_spec!r} declares "
+                                 f"the {declared} API (capabilities['api'])")
             self.draw_dtypes = draw_dtypes(caps, self.device, self.dtypes)
             if default_n:
                 self.max_n = default_max_n(caps, self.max_n)

@@ -117,14 +117,17 @@ def load_corpus(corpus: Path) -> list[Any]:
     return [load_target(case_path=str(p), tensors_path=None).case for p in corpus_files(corpus)]
 
 
-def gate_cases(profile: str, corpus: Path) -> tuple[list[Any], list[Any], int]:
-    """The gate's cases: the fixed sweep of ``profile``, then the corpus files in name order;
-    per case its report key (None: the case's own ``config_key``; a corpus file:
-    :func:`regression_key`); and how many are sweep cases."""
+def gate_cases(profile: str, corpus: Path, api: str = "dense") -> tuple[list[Any], list[Any],
+                                                                        int]:
+    """The gate's cases: the fixed sweep of ``profile`` for the kernel's ``api``, then the
+    corpus files of that API in name order; per case its report key (None: the case's own
+    ``config_key``; a corpus file: :func:`regression_key`); and how many are sweep cases."""
     from flashcheck.verify import strategies
 
-    sweep = list(strategies.fixed_sweep(profile))
-    files, regressions = corpus_files(corpus), load_corpus(corpus)
+    sweep = list(strategies.fixed_sweep(profile, api))
+    pairs = [(p, c) for p, c in zip(corpus_files(corpus), load_corpus(corpus), strict=True)
+             if c.api == api]
+    files, regressions = [p for p, _ in pairs], [c for _, c in pairs]
     keys = [None] * len(sweep) + [regression_key(path, case.dtype)
                                   for path, case in zip(files, regressions, strict=True)]
     return sweep + regressions, keys, len(sweep)
@@ -253,13 +256,14 @@ def diff_text(old: str, new: str, name: str) -> str:
 def run_gate(kernel: Any, *, kernel_spec: str, device: str, profile: str, budgets_path: Path,
              corpus: Path, update: bool, out: Path, quiet: bool = False,
              command: list[str] | None = None, jobs: int = 1, model: str = "cpu",
-             case_timeout: float | None = None, strict_subnormals: bool = False) -> int:
+             case_timeout: float | None = None, strict_subnormals: bool = False,
+             api: str = "dense") -> int:
     from flashcheck.verify.sweep import run_cases
 
     budgets = None if update and not budgets_path.exists() else load_budgets(budgets_path)
     if budgets is not None and not update:
         check_device_model(budgets, budgets_path, model)
-    cases, keys, n_sweep = gate_cases(profile, corpus)
+    cases, keys, n_sweep = gate_cases(profile, corpus, api)
     records = run_cases(kernel, cases, device, kernel_spec=kernel_spec,
                         failures_dir=out / "failures", what=f"gate[{profile}]", quiet=quiet,
                         jobs=jobs, case_timeout=case_timeout,

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from flashcheck.verify.capabilities import KEYS, backward_declared, check_capabilities, seq_multiple
 from flashcheck.verify.cases import DTYPES, LAYOUTS, MASK_SHAPES, MAX_HEAD_DIM, SEED_LIMIT, Case
 from flashcheck.verify.distributions import DIST_KINDS, GRAD_DIST_KINDS
+from flashcheck.verify.ragged import MAX_NEW_TOKENS, RAGGED_APIS
 from hypothesis import note
 from hypothesis import strategies as st
 
@@ -253,6 +254,82 @@ def _seq_len(max_n: int, multiple: int) -> st.SearchStrategy[int]:
     return st.integers(1, max_n // multiple).map(lambda k: k * multiple)
 
 
+def _heads(draw, f, max_heads: int) -> tuple[int, int]:
+    """(Hq, Hkv). The KV heads and the group size are drawn separately, so GQA with several
+    KV heads *and* groups > 1 (the head-mapping bugs' domain) is common; both shrink to 1
+    (MHA with one head). Group 1 is MHA; Hkv = 1 with group > 1 is MQA."""
+    Hkv = draw(st.integers(1, min(_KV_HEADS_MAX, max_heads)))
+    group = 1
+    g_max = min(_GROUP_MAX, max_heads // Hkv)
+    if "gqa" in f and g_max >= 2 and draw(st.booleans()):
+        group = draw(st.integers(2, g_max))
+    return Hkv * group, Hkv
+
+
+def _note(case: Case) -> Case:
+    note(f"case: {case.short()}")
+    note(f"case json: {case.to_json()}")
+    return case
+
+
+# Ragged draws (the varlen and decode APIs, verify/ragged.py). Sequence counts: up to 6, the
+# first sequence drawn up to max_n and the others short (a long prefill beside short ones is
+# where a kernel's per-sequence offsets and its tiles of a long sequence meet), each length
+# shrinking to 0 (varlen) or to the new tokens (decode), so a failure shrinks toward few short
+# sequences.
+_MAX_SEQS = 6
+_SHORT_SEQ = 24  # > one 16-row tile: a short sequence still has a partial second tile
+_PAGE_SIZES = (16, 32, 64, 128, 256)  # FlashAttention-3, vLLM and FlashInfer page sizes
+
+
+def _lengths(draw, n: int, max_n: int, lo: int) -> list[int]:
+    first = draw(st.integers(lo, max(lo, max_n)))
+    return [first] + [draw(st.integers(lo, max(lo, min(max_n, _SHORT_SEQ))))
+                      for _ in range(n - 1)]
+
+
+@st.composite
+def _draw_ragged(draw, *, api, dtypes, max_n, head_dim, max_heads, features, backward, dists,
+                 grad_dists, caps) -> Case:
+    f = features
+    dtype = draw(st.sampled_from(dtypes))
+    D = draw(head_dim)
+    Hq, Hkv = _heads(draw, f, max_heads)
+    n = draw(st.integers(1, _MAX_SEQS))
+    kw: dict = {}
+    if api == "varlen":
+        lq = _lengths(draw, n, max_n, 0)
+        lk = lq if not ("uneven_n" in f and draw(st.booleans())) else _lengths(draw, n, max_n, 0)
+        lq[0], lk[0] = max(lq[0], 1), max(lk[0], 1)  # the dense equivalent has a token
+        is_causal = "causal" in f and draw(st.booleans())
+        window = None
+        if "window" in f and draw(st.booleans()):
+            window = (draw(st.integers(-1, max_n)), draw(st.integers(-1, max_n)))
+        alignment = "top_left"
+        if (is_causal or window is not None) and "bottom_right" in f and draw(st.booleans()):
+            alignment = "bottom_right"
+        if backward:
+            backward = backward_declared(caps, dtype, is_causal) is not False
+        kw = dict(B=1, Nq=sum(lq), Nk=sum(lk), is_causal=is_causal, window=window,
+                  causal_alignment=alignment, backward=backward,
+                  ragged={"seqlens_q": lq, "seqlens_k": lk})
+    else:
+        nq = draw(st.integers(1, caps.get("max_new_tokens", MAX_NEW_TOKENS)))
+        lens = _lengths(draw, n, max_n, nq)
+        pages = caps.get("page_sizes", _PAGE_SIZES)
+        kw = dict(B=n, Nq=nq, Nk=max(lens), backward=False,
+                  ragged={"cache_seqlens": lens, "page_size": draw(st.sampled_from(pages)),
+                          "spare_blocks": draw(st.integers(0, 3))})
+    scale = None
+    if "custom_scale" in f and draw(st.booleans()):
+        scale = draw(st.sampled_from([0.5, 2.0, 0.01]))
+    dist = draw(_dist(dists, _DIST_PARAMS))
+    grad_dist = draw(_dist(grad_dists, _GRAD_PARAMS)) if kw["backward"] else {"kind": "normal"}
+    seed = draw(st.integers(0, SEED_LIMIT - 1))
+    return _note(Case(Hq=Hq, Hkv=Hkv, D=D, dtype=dtype, layout="bnhd", scale=scale, dist=dist,
+                      grad_dist=grad_dist, seed=seed, api=api, **kw))
+
+
 @st.composite
 def _draw_case(draw, *, dtypes, max_n, head_dim, max_batch, max_heads, features, backward,
                layouts, dists, grad_dists, caps) -> Case:
@@ -260,15 +337,7 @@ def _draw_case(draw, *, dtypes, max_n, head_dim, max_batch, max_heads, features,
     dtype = draw(st.sampled_from(dtypes))
     D = draw(head_dim)
     B = draw(st.integers(1, max_batch))
-    # Heads: the KV heads and the group size are drawn separately, so GQA with several KV
-    # heads *and* groups > 1 (the head-mapping bugs' domain) is common; both shrink to 1
-    # (MHA with one head). Group 1 is MHA; Hkv = 1 with group > 1 is MQA.
-    Hkv = draw(st.integers(1, min(_KV_HEADS_MAX, max_heads)))
-    group = 1
-    g_max = min(_GROUP_MAX, max_heads // Hkv)
-    if "gqa" in f and g_max >= 2 and draw(st.booleans()):
-        group = draw(st.integers(2, g_max))
-    Hq = Hkv * group
+    Hq, Hkv = _heads(draw, f, max_heads)
     is_causal = "causal" in f and draw(st.booleans())
     window = None
     if "window" in f and draw(st.booleans()):
@@ -327,9 +396,7 @@ def _draw_case(draw, *, dtypes, max_n, head_dim, max_batch, max_heads, features,
                 is_causal=is_causal, causal_alignment=alignment, window=window, mask=mask,
                 scale=scale, dist=dist, grad_dist=grad_dist, backward=backward, seed=seed,
                 tf32=tf32)
-    note(f"case: {case.short()}")
-    note(f"case json: {case.to_json()}")
-    return case
+    return _note(case)
 
 
 def cases(
@@ -407,6 +474,10 @@ def cases(
     # Plain first, so a failing case shrinks toward it; the caller's order otherwise.
     dists = tuple(sorted(dists, key=lambda k: k != "normal"))
     grad_dists = tuple(sorted(grad_dists, key=lambda k: k != "normal"))
+    if caps.get("api", "dense") != "dense":
+        return _draw_ragged(api=caps["api"], dtypes=dtypes, max_n=max_n, head_dim=head_dim,
+                            max_heads=max_heads, features=features, backward=backward,
+                            dists=dists, grad_dists=grad_dists, caps=caps)
     return _draw_case(dtypes=dtypes, max_n=max_n, head_dim=head_dim, max_batch=max_batch,
                       max_heads=max_heads, features=features, backward=backward,
                       layouts=layouts, dists=dists, grad_dists=grad_dists, caps=caps)
@@ -493,8 +564,9 @@ _GPU_SIZES = ((16, 32), (127, 64), (1023, 96), (2048, 128), (333, 256))
 SWEEP_PROFILES = ("cpu", "gpu")
 
 
-def fixed_sweep(profile: str) -> list[Case]:
-    """The deterministic default sweep for ``flashcheck run`` and ``gate``.
+def fixed_sweep(profile: str, api: str = "dense") -> list[Case]:
+    """The deterministic default sweep for ``flashcheck run`` and ``gate``; ``api``
+    "varlen" or "decode" gives :func:`ragged_sweep`'s instead.
 
     Every theme (no mask, causal top-left/bottom-right, decode, windows, key padding with a
     zero-length batch, random masks sparse and dense and broadcast, block-sparse, bias with
@@ -509,6 +581,8 @@ def fixed_sweep(profile: str) -> list[Case]:
     """
     if profile not in SWEEP_PROFILES:
         raise ValueError(f"profile must be one of {list(SWEEP_PROFILES)}, got {profile!r}")
+    if api != "dense":
+        return ragged_sweep(profile, api)
     dtypes = tuple(DTYPES)
     out: list[Case] = []
     sizes = _CPU_SIZES if profile == "cpu" else _GPU_SIZES
@@ -531,4 +605,68 @@ def fixed_sweep(profile: str) -> list[Case]:
         if profile == "gpu" and dtype == "float32" and t % 7 == 0:
             kw["tf32"] = True
         out.append(Case(**kw))
+    return out
+
+
+# Ragged themes: (name, sequence lengths q, k) for varlen and (name, cache lengths, page, new
+# tokens) for decode, at a length unit L (CPU 8, GPU 128): zero-length and one-token
+# sequences, one long sequence beside short ones, Lq != Lk under both causal alignments, a
+# window, GQA and MQA; pages full and partial, one page and many, speculative Nq.
+def _varlen_themes(L: int) -> list[tuple[str, list[int], list[int], dict]]:
+    return [
+        ("one", [3 * L], [3 * L], {}),
+        ("packed", [L, 2 * L + 3, 5], [L, 2 * L + 3, 5], {"is_causal": True}),
+        ("empty_seqs", [0, L + 1, 0, 7], [L, L + 1, 0, 0], {}),
+        ("long_and_short", [8 * L, 1, 2, 3], [8 * L, 1, 2, 3], {"is_causal": True}),
+        ("uneven_br", [L, 2 * L + 1], [3 * L, L + 5], {"is_causal": True,
+                                                      "causal_alignment": "bottom_right"}),
+        ("uneven_tl", [2 * L, 3], [L + 3, 4 * L], {"is_causal": True}),
+        ("window", [4 * L, L], [4 * L, L], {"window": (L, 0)}),
+        ("gqa", [2 * L, L + 3], [2 * L, L + 3], {"Hkv": 1, "is_causal": True}),
+    ]
+
+
+def _decode_themes(L: int) -> list[tuple[str, list[int], int, int, dict]]:
+    return [
+        ("one_token", [5 * L + 3, L, 17], 16, 1, {}),
+        ("full_pages", [4 * L, 2 * L], 2 * L if L >= 64 else 16, 1, {}),
+        ("speculative", [3 * L + 9, 16], 32, 8, {}),
+        ("long_and_short", [16 * L + 1, 1, 2, 5], 64, 1, {}),
+        ("big_pages", [6 * L + 7, L], 256, 4, {}),
+        ("gqa", [3 * L + 1, 2 * L], 16, 2, {"Hkv": 1}),
+    ]
+
+
+def ragged_sweep(profile: str, api: str) -> list[Case]:
+    """The fixed sweep of the varlen or decode API: its themes (above) × the three dtypes,
+    D rotating over (16, 40, 64, 128) on the CPU and (64, 128, 256) on a GPU, Hq = 4,
+    distributions and dO distributions rotating with the case index.
+
+    - varlen: 8 themes × 3 dtypes = 24 cases (unit L = 8 on the CPU, 128 on a GPU);
+    - decode: 6 themes × 3 dtypes = 18 cases (forward only).
+    """
+    if api not in RAGGED_APIS:
+        raise ValueError(f"api must be one of {list(RAGGED_APIS)}, got {api!r}")
+    L = 8 if profile == "cpu" else 128
+    dims = (16, 40, 64, 128) if profile == "cpu" else (64, 128, 256)
+    out: list[Case] = []
+    themes = _varlen_themes(L) if api == "varlen" else _decode_themes(L)
+    for t, theme in enumerate(themes):
+        for dtype in DTYPES:
+            i = len(out)
+            kw = {"Hq": 4, "Hkv": 2, "D": dims[i % len(dims)], "dtype": dtype,
+                  "layout": "bnhd", "dist": _sweep_dist(DIST_KINDS[i % len(DIST_KINDS)], i),
+                  "seed": (200_000 if profile == "cpu" else 300_000) + i, "api": api}
+            if api == "varlen":
+                _, lq, lk, extra = theme
+                kw.update(B=1, Nq=sum(lq), Nk=sum(lk), ragged={"seqlens_q": lq,
+                                                              "seqlens_k": lk},
+                          grad_dist={"kind": GRAD_DIST_KINDS[i % len(GRAD_DIST_KINDS)]})
+            else:
+                _, lens, page, nq, extra = theme
+                kw.update(B=len(lens), Nq=nq, Nk=max(lens), backward=False,
+                          ragged={"cache_seqlens": lens, "page_size": page,
+                                  "spare_blocks": t % 3})
+            kw.update(extra)
+            out.append(Case(**kw))
     return out

@@ -288,6 +288,9 @@ def _worker_main(conn, spec: str, device: str, threads: int | None, dump_path: s
                 caps = {k: v for k, v in kernel.capabilities.items() if not callable(v)}
                 conn.send(("caps", caps))
                 continue
+            if op == "api":
+                conn.send(("api", kernel.api))
+                continue
             case, hint = payload, (rest[0] if rest else None)
             drawn = None
             if pending is not None and pending[0] == case:
@@ -548,9 +551,17 @@ class Supervisor:
 
     def capabilities(self) -> dict:
         """The kernel's capabilities, probed inside a worker (callables left out)."""
+        return self._ask("caps", "its capabilities were probed")
+
+    def api(self) -> str:
+        """The plug-in API the kernel declares (no probing)."""
+        return self._ask("api", "its API was read")
+
+    def _ask(self, op: str, what: str):
+        """One request to the first worker that is not a case."""
         w = self._worker(0, fresh=False)
         self._await_ready(w)
-        w.conn.send(("caps", None))
+        w.conn.send((op, None))
         end = time.perf_counter() + self.timeout()
         while True:
             if w.conn.poll(POLL_S):
@@ -559,7 +570,7 @@ class Supervisor:
                     why = w.exit_text()
                     self._kill(w)
                     raise ProbeCrashed(f"the kernel {self.spec!r} took its worker down while "
-                                       f"its capabilities were probed: {why}")
+                                       f"{what}: {why}")
                 if msg[0] == "harness_error":
                     raise SupervisorError(f"probing {self.spec!r} failed: {msg[1].strip()}")
                 return msg[1]
@@ -567,8 +578,8 @@ class Supervisor:
                 why = w.exit_text() if not w.proc.is_alive() else \
                     f"no answer within {self.timeout():g} s"
                 self._kill(w)
-                raise ProbeCrashed(f"the kernel {self.spec!r} took its worker down while its "
-                                   f"capabilities were probed: {why}")
+                raise ProbeCrashed(f"the kernel {self.spec!r} took its worker down while "
+                                   f"{what}: {why}")
 
     # -- timeouts --------------------------------------------------------------------------
 

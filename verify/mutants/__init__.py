@@ -10,9 +10,11 @@ those inputs. Two kinds:
 - "adversarial": a kernel built to pass a weak harness (uninitialised output, input
   mutation, per-shape caching, zeroing small outputs, key subsampling).
 
-The mutants share two correct bases, `_blocked.py` (PyTorch, forward and FA2 backward with
-named hooks) and `_triton_fwd.py` (Triton forward with constexpr bug switches), and never
-import `kernels/`, so they stay independent of the kernel under test.
+The mutants share correct bases, `_blocked.py` (PyTorch, forward and FA2 backward with
+named hooks), `_triton_fwd.py` (Triton forward with constexpr bug switches) and `_ragged.py`
+(the varlen and paged decode APIs, PyTorch, with hooks; those mutants export their varlen or
+decode callable as `attention` and declare the API in `capabilities`), and never import
+`kernels/`, so they stay independent of the kernel under test.
 `verify.selftest` runs the catalogue; `flashcheck fuzz --kernel verify/mutants/NAME.py:attention`
 runs one.
 """
@@ -90,6 +92,20 @@ CATALOGUE: tuple[Mutant, ...] = (
            "saved lse stored in the input dtype; precision, backward, fp16/bf16"),
     Mutant("ds_bf16_for_dk", "bug", "pytorch",
            "dS rounded to fp16 for dQ but to bf16 for dK on fp16 inputs; precision, dK"),
+    Mutant("varlen_neighbour_keys", "bug", "pytorch",
+           "varlen: a sequence's keys end one late (its neighbour's first key); 2+ seqs"),
+    Mutant("varlen_cu_off_by_one", "bug", "pytorch",
+           "varlen: output rows of sequences after the first written one row early"),
+    Mutant("varlen_causal_global", "bug", "pytorch",
+           "varlen: causal rule on packed token indices; causal, unequal Lq/Lk before b"),
+    Mutant("decode_block_table_ignored", "bug", "pytorch",
+           "decode: pages read as if the cache were contiguous per sequence"),
+    Mutant("decode_page_off_by_one", "bug", "pytorch",
+           "decode: page j read from block_table[b, j + 1]; 2+ pages"),
+    Mutant("decode_merge_no_rescale", "bug", "pytorch",
+           "decode: split-KV merge without the max rescaling; > 16 keys (2+ splits)"),
+    Mutant("decode_tail_unmasked", "bug", "pytorch",
+           "decode: empty slots of the last partial page attended; Lk % page != 0"),
     Mutant("uninitialized_output", "adversarial", "pytorch",
            "returns torch.empty (may hold the reference's freed output)"),
     Mutant("mutates_inputs", "adversarial", "pytorch",
