@@ -39,6 +39,11 @@
 #                                         (FAMILY_TP=0: no throughput; FAMILY_MUTANTS=0: no
 #                                         mutants; FUZZ_GRACE: seconds past
 #                                         FUZZ_MIN before a campaign is stopped, default 150)
+#   bash scripts/gpu/session.sh ragged    the varlen and decode APIs: bench_ragged.py (ours beside
+#                                         flex, SDPA per sequence, fasterkernels' paged decode),
+#                                         then side by side a --keep-going fuzz campaign each on
+#                                         triton-varlen, triton-decode, their PyTorch peers and the
+#                                         fasterkernels paged adapter (RAGGED_MIN minutes)
 # Several phases may share one call (session.sh throughput peers); they run in this file's order.
 set -uo pipefail
 : "${1:?phase}"
@@ -216,6 +221,21 @@ if has peers; then
   # The SDPA backends' reports alone (no compiling): 5 workers each, 16 cores.
   export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True OMP_NUM_THREADS=1
   for k in sdpa-efficient sdpa-cudnn sdpa-math; do rep $k 5 "${PEERS_S:-400}" & done
+  wait
+fi
+if has ragged; then
+  el bench_ragged
+  timeout -s TERM 150 python3 scripts/gpu/bench_ragged.py --out "$R/bench_ragged.json" \
+    > "$R/bench_ragged.log" 2>&1
+  el "bench_ragged exit=$?"
+  export OMP_NUM_THREADS=1
+  for k in triton-varlen triton-decode sdpa-varlen flex-varlen sdpa-decode \
+      docs/examples/fasterkernels_paged_adapter.py:attention_decode; do
+    n=$(basename "${k%%:*}" .py)
+    job "ragged-$n" $(( ${RAGGED_MIN:-7} * 60 + 90 )) python3 -m flashcheck fuzz --kernel "$k" \
+      --device cuda --minutes "${RAGGED_MIN:-7}" --seed "${FUZZ_SEED:-20261201}" --keep-going \
+      --max-n 2048 --out "$R/ragged/$n"
+  done
   wait
 fi
 if has checks; then
