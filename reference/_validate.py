@@ -218,6 +218,13 @@ def check_block(name: str, b: object) -> int:
     return int(b)
 
 
+def check_count(name: str, x: object) -> int:
+    """A keyword switch that must be an int >= 1 (e.g. ``kv_splits``)."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < 1:
+        raise ValueError(f"{name}: expected an int >= 1; got {x!r}")
+    return int(x)
+
+
 def check_flag(name: str, x: object) -> bool:
     """A keyword switch that must be True or False."""
     return _check_bool(name, x)

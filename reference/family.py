@@ -13,7 +13,7 @@ each member, real kernels that make its choice.
   ``gqa_expand_autograd`` only below fp32 (for fp32 inputs they *are* the baseline);
   ``tf32`` and ``tf32_truncated`` only for fp32 inputs whose kernel declares TF32;
   ``exp2_approx`` only for fp32
-  inputs.
+  inputs. ``split_kv`` (a forward choice) applies to every dtype and problem.
 - ``run_family(query, key, value, grad_out, ...)``: every member on the same inputs; per
   member the output and (with ``grad_out``) dq, dk, dv, exactly as
   ``online_attention(..., **kwargs)`` and autograd with that ``grad_out`` give them.
@@ -22,7 +22,8 @@ each member, real kernels that make its choice.
   same out and lse share the backward), the GQA members differing only in the final
   reduction.
 
-Caveats: the members are single choices away from the baseline, not all their
+Caveats: the members are single choices away from the baseline (``split_kv`` also takes
+16-key tiles, so that the CPU suite's short sequences split), not all their
 combinations (a kernel combining two choices is expected to stay within K × the worst of
 them; the combination is not run). Block sizes are fixed per member, not per head dim.
 ``dropout_p`` is not supported. CPU-bound for the sizes of the harness's CPU suite (Python
@@ -55,6 +56,7 @@ FAMILY: dict[str, dict] = {
     "tf32": dict(_BASE, tf32=True),
     "exp2_approx": dict(_BASE, scale_at="exp2", exp_accuracy="approx"),
     "tf32_truncated": dict(_BASE, tf32=True, tf32_rounding="truncate"),
+    "split_kv": dict(block_m=128, block_n=16, kv_splits=4),
 }
 
 FAMILY_NOTES: dict[str, str] = {
@@ -110,6 +112,22 @@ FAMILY_NOTES: dict[str, str] = {
                    "under --use_fast_math: FlashAttention-2 CUDA, PyTorch's memory-efficient "
                    "SDPA backend; Triton's tl.exp2 and tl.exp). Below fp32 the rounding of P "
                    "to the input dtype dwarfs it",
+    "split_kv": "split-KV ('flash-decoding') forward: the keys cut into 4 runs of whole "
+                "16-key tiles, each run's online softmax normalised by its own ℓ into an fp32 "
+                "O_s with its lse_s, then merged in fp32 (lse = m + log Σ e^(lse_s − m), "
+                "O = Σ e^(lse_s − lse)·O_s) and rounded once: FlashAttention-2's split-KV "
+                "kernels and combine_attn_seqk_parallel (flash_attn_with_kvcache's num_splits; "
+                "mha_fwd, and PyTorch's vendored copy behind the flash SDPA backend, pick "
+                "num_splits by a heuristic when batch·heads·row blocks do not fill the GPU), "
+                "FlashAttention-3's num_splits and combine kernel, Flash-Decoding, FlashInfer's "
+                "merge_state/merge_states, vLLM's merge_attn_states. Real kernels split "
+                "thousands of keys in 64-256-key tiles; 16-key tiles make the CPU suite's few "
+                "dozen keys split (from 17 keys; all 4 runs from 49 keys; 2 tiles per run at "
+                "128 keys). The weights e^(lse_s − lse) carry the roundings of the lse_s, "
+                "u_a·|lse| each, which the unsplit rescales cancel: fp32 at large logits "
+                "(|lse| ~ 1e4, 128 keys) its output error is up to 5x the other members' "
+                "(6 seeds); below fp32 within 1.3x of theirs. Backward: the FA2 backward "
+                "(128x16 tiles) from the merged O and lse",
 }
 
 # Switches that change only the backward (the forward of members differing in them is shared).
@@ -188,7 +206,9 @@ def run_family(
     (9.2x; 42 ms, 10.8x, as one call per member); with Hkv=2, 12 members: 42 ms (8.6x).
     At N=512: 527 ms against 51 ms (10.4x). Roughly one baseline per member: the members
     differ in the forward, so only the GQA members, ds_before_round and (one tile per row)
-    fa1_order share work.
+    fa1_order share work. Those figures predate ``split_kv``, which costs about two
+    baselines (16-key tiles; run_family with it alone: 6.6 ms against 3.4 ms for fa2_128
+    alone at N=128, 93 ms against 53 ms at N=512, on a busier machine).
     """
     p = check_attention_args(
         query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa, window,

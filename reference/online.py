@@ -8,6 +8,11 @@ SDPA-compatible contract of docs/contracts.md §1, so that it can be plugged in 
 - ``order="fa1"``: K/V tiles outer, Q tiles inner; O, m and ℓ live in full-size tensors
   ("HBM") and are read, rescaled, renormalised and written back after every step, with the
   tile's own max and sum merged into the running ones (FlashAttention-1, Algorithm 1).
+- ``kv_splits=S`` (split-KV, "flash-decoding"): each row block's key tiles are cut into S
+  contiguous runs of whole tiles; the forward of either order runs on each run alone, giving
+  a normalised fp32 O_s and lse_s, and ``merge_splits`` combines them as FlashAttention's
+  split-KV combine kernel does (lse = m + log Σ e^(lse_s − m), O = Σ e^(lse_s − lse)·O_s),
+  the output rounded once at the end. The backward is unchanged (it needs only O and lse).
 - The backward pass is a ``torch.autograd.Function`` running the blocked FlashAttention-2
   backward: recompute P = exp(S − lse), delta = rowsum(dO∘O), dV = PᵀdO,
   dS = P∘(dP − delta), dQ = scale·dS·K, dK = scale·dSᵀQ. K/V tiles are outer.
@@ -28,13 +33,14 @@ per head in fp32, in one fp32 accumulator per kv head, or rounded per head then 
 folded with log2 e into exp2), ``p_precision``/``ds_precision`` (P, dS rounded to the
 input dtype or kept in fp32), ``ds_scale`` (scale on dS before its rounding or on dQ/dK at
 the end), ``tf32`` (fp32 inputs: matmul operands rounded to TF32 by ``round_tf32``) and
-``exp_accuracy`` (fp32: every exponential to 22 significant bits, ``round_exp_approx``).
-With every switch at its default the arithmetic is bit for bit that of the model before
-the switches existed.
+``exp_accuracy`` (fp32: every exponential to 22 significant bits, ``round_exp_approx``)
+and ``kv_splits`` (split-KV forward, above). With every switch at its default the
+arithmetic is bit for bit that of the model before the switches existed.
 
 The (m, ℓ) recurrence is ``online_lse_step``; the tile updates ``tile_step_fa2`` and
 ``tile_step_fa1`` are the same recurrence applied to a block max and a block sum.
-``emulate_error_bound`` is the a-priori bound on the emulated forward error.
+``emulate_error_bound`` is the a-priori bound on the emulated forward error (derived for the
+unsplit forward, ``kv_splits=1``; the split forward's merge is not in its derivation).
 
 Caveats: clarity over speed (Python loops over tiles, vectorised inside a tile); fully
 masked tiles are not skipped (they change nothing numerically). GQA expands K/V to Hq
@@ -65,6 +71,7 @@ from ._validate import (
     check_attention_args,
     check_block,
     check_choice,
+    check_count,
     check_flag,
 )
 from .masks import combined_mask
@@ -203,7 +210,7 @@ class _Arith:
         flush_subnormals: bool = False, scale_at: str = "scores", p_precision: str = "input",
         ds_precision: str = "input", ds_scale: str = "after_round", tf32: bool = False,
         normalize: str = "divide", exp_accuracy: str = "library",
-        tf32_rounding: str = "nearest",
+        tf32_rounding: str = "nearest", kv_splits: int = 1,
     ):
         if precision == "exact":
             self.operand = self.acc = torch.float64
@@ -223,6 +230,7 @@ class _Arith:
         self.tf32 = tf32
         self.to_tf32 = truncate_tf32 if tf32_rounding == "truncate" else round_tf32
         self.approx_exp = exp_accuracy == "approx"
+        self.kv_splits = kv_splits
 
     def ftz(self, x: torch.Tensor) -> torch.Tensor:
         """Flush accumulator-dtype subnormals to zero when flushing; else ``x`` itself."""
@@ -362,7 +370,8 @@ def _finish(ar, acc_o, m, l):
 # ---------------------------------------------------------------- forward passes
 
 
-def _forward_fa2(ar, p, q, k, v, attn_mask, bm, bn):
+def _forward_fa2(ar, p, q, k, v, attn_mask, bm, bn, col_tiles):
+    """Output (acc dtype, normalised) and lse over the key tiles ``col_tiles``."""
     out = torch.empty(p.B, p.Hq, p.Nq, p.D, dtype=ar.acc, device=q.device)
     lse = torch.empty(p.B, p.Hq, p.Nq, dtype=ar.acc, device=q.device)
     for rows in _tiles(p.Nq, bm):
@@ -371,7 +380,7 @@ def _forward_fa2(ar, p, q, k, v, attn_mask, bm, bn):
         m = torch.full((p.B, p.Hq, r), -torch.inf, dtype=ar.acc, device=q.device)
         l = torch.zeros_like(m)
         acc_o = torch.zeros(p.B, p.Hq, r, p.D, dtype=ar.acc, device=q.device)
-        for cols in _tiles(p.Nk, bn):
+        for cols in col_tiles:
             s, fused = _scores(ar, p, qi, k[:, :, cols[0]:cols[1]], attn_mask, rows, cols)
             m, l, alpha, pt = tile_step_fa2(
                 m, l, s, ar.exp, lambda sh, s=s, f=fused: ar.exp_minus(s, f, sh))
@@ -381,11 +390,12 @@ def _forward_fa2(ar, p, q, k, v, attn_mask, bm, bn):
     return out, lse
 
 
-def _forward_fa1(ar, p, q, k, v, attn_mask, bm, bn):
+def _forward_fa1(ar, p, q, k, v, attn_mask, bm, bn, col_tiles):
+    """As ``_forward_fa2``, in FlashAttention-1's order (key tiles outer)."""
     o_hbm = torch.zeros(p.B, p.Hq, p.Nq, p.D, dtype=ar.acc, device=q.device)
     m_hbm = torch.full((p.B, p.Hq, p.Nq), -torch.inf, dtype=ar.acc, device=q.device)
     l_hbm = torch.zeros_like(m_hbm)
-    for cols in _tiles(p.Nk, bn):
+    for cols in col_tiles:
         kj, vj = k[:, :, cols[0]:cols[1]], v[:, :, cols[0]:cols[1]]
         for rows in _tiles(p.Nq, bm):
             sl = slice(rows[0], rows[1])
@@ -404,6 +414,55 @@ def _forward_fa1(ar, p, q, k, v, attn_mask, bm, bn):
     l_safe = torch.where(live, l_hbm, torch.ones_like(l_hbm))
     lse = torch.where(live, m_hbm + ar.log(l_safe), torch.full_like(l_hbm, -torch.inf))
     return o_hbm, lse
+
+
+def split_chunks(n_tiles: int, splits: int) -> list[range]:
+    """The key tiles of each split: ``splits`` contiguous runs of ceil(n_tiles / splits)
+    whole tiles (FlashAttention-2's n_blocks_per_split); trailing runs may be empty."""
+    per = -(-n_tiles // splits)
+    return [range(min(s * per, n_tiles), min((s + 1) * per, n_tiles)) for s in range(splits)]
+
+
+def merge_splits(ar, outs, lses):
+    """The split-KV combine: per-split outputs O_s (acc dtype, each normalised by its own ℓ)
+    and lse_s (−inf for a split that saw no key) -> (O, lse), in the acc dtype.
+
+    m = max_s lse_s; lse = m + log Σ_s e^(lse_s − m); O = Σ_s e^(lse_s − lse)·O_s, summed in
+    split order from 0, each product and sum rounded in the acc dtype (FlashAttention-2's
+    combine_attn_seqk_parallel, whose O += scale·O_s the compiler may fuse into one FMA: a
+    rounding less). ``ar.exp``/``ar.log`` are the model's: natural, as FlashAttention-2's
+    expf/logf, or base 2 when the model's lse is in log2 units (a base-2 ``scale_at``; the
+    same merge up to roundings), 22-bit exponentials with ``exp_accuracy="approx"``,
+    flushed with ``flush_subnormals``. A row no split saw: O = 0, lse = −inf, no NaN
+    (FlashAttention-2 writes +inf there; the model keeps its dead-row convention).
+    """
+    m = lses[0]
+    for lse_s in lses[1:]:
+        m = torch.maximum(m, lse_s)
+    shift = torch.where(m == -torch.inf, torch.zeros_like(m), m)
+    total = torch.zeros_like(m)
+    for lse_s in lses:
+        total = total + ar.exp(lse_s - shift)
+    live = total > 0
+    lse = torch.where(live, shift + ar.log(torch.where(live, total, torch.ones_like(total))),
+                      torch.full_like(m, -torch.inf))
+    lse_shift = torch.where(live, lse, torch.zeros_like(lse))
+    out = torch.zeros_like(outs[0])
+    for o_s, lse_s in zip(outs, lses, strict=True):
+        out = ar.ftz(out + ar.exp(lse_s - lse_shift).unsqueeze(-1) * o_s)
+    return out, lse
+
+
+def _forward(ar, p, q, k, v, attn_mask, order, bm, bn):
+    """The forward of ``order`` over all key tiles, or split-KV (``ar.kv_splits`` > 1):
+    the same forward on each split's key tiles, then ``merge_splits``."""
+    fwd = _forward_fa2 if order == "fa2" else _forward_fa1
+    tiles = _tiles(p.Nk, bn)
+    if ar.kv_splits == 1:
+        return fwd(ar, p, q, k, v, attn_mask, bm, bn, tiles)
+    parts = [fwd(ar, p, q, k, v, attn_mask, bm, bn, [tiles[i] for i in chunk])
+             for chunk in split_chunks(len(tiles), ar.kv_splits)]
+    return merge_splits(ar, [o for o, _ in parts], [lse for _, lse in parts])
 
 
 # ---------------------------------------------------------------- backward pass
@@ -595,8 +654,7 @@ def _run_forward(ar, p, query, key, value, attn_mask, order, bm, bn):
     """Output (operand dtype) and lse (acc dtype; log2 units when ``scale_at="exp2"``)."""
     with _ieee_fp32_matmul():
         q, k, v = _load_qkv(ar, p, query, key, value)
-        fwd = _forward_fa2 if order == "fa2" else _forward_fa1
-        out, lse = fwd(ar, p, q, k, v, attn_mask, bm, bn)
+        out, lse = _forward(ar, p, q, k, v, attn_mask, order, bm, bn)
     return ar.result(out, ar.operand), lse
 
 
@@ -657,7 +715,7 @@ class _OnlineAttention(torch.autograd.Function):
 SWITCH_DEFAULTS = dict(
     gqa_reduce="per_head_fp32", flush_subnormals=False, scale_at="scores",
     p_precision="input", ds_precision="input", ds_scale="after_round", tf32=False,
-    normalize="divide", exp_accuracy="library", tf32_rounding="nearest",
+    normalize="divide", exp_accuracy="library", tf32_rounding="nearest", kv_splits=1,
 )
 
 
@@ -681,6 +739,7 @@ def _make_arith(dtype, precision, **switches) -> _Arith:
         normalize=check_choice("normalize", sw["normalize"], NORMALIZES),
         exp_accuracy=check_choice("exp_accuracy", sw["exp_accuracy"], EXP_ACCURACIES),
         tf32_rounding=check_choice("tf32_rounding", sw["tf32_rounding"], TF32_ROUNDINGS),
+        kv_splits=check_count("kv_splits", sw["kv_splits"]),
     )
     if ar.tf32 and (dtype != torch.float32 or precision != "emulate"):
         raise ValueError(
@@ -696,7 +755,7 @@ def online_attention(
     window=None, causal_alignment="top_left", return_lse=False,
     gqa_reduce="per_head_fp32", flush_subnormals=False, scale_at="scores",
     p_precision="input", ds_precision="input", ds_scale="after_round", tf32=False,
-    normalize="divide", exp_accuracy="library", tf32_rounding="nearest",
+    normalize="divide", exp_accuracy="library", tf32_rounding="nearest", kv_splits=1,
 ):
     """Blocked online-softmax attention (contracts.md §1), FA2 or FA1 loop order.
 
@@ -743,6 +802,17 @@ def online_attention(
     - ``exp_accuracy``: ``"library"`` torch's exp/exp2; ``"approx"`` every exponential
       (the forward's and the backward's P, the rescale factors) rounded to 22 significant
       bits (``round_exp_approx``; fp32 accumulators only), the error of GPUs' ex2.approx.
+    - ``kv_splits`` (int >= 1): 1 is the plain forward. S > 1 is the split-KV forward: the
+      key tiles (of ``block_n`` keys) are cut into S contiguous runs of ceil(tiles / S)
+      whole tiles (``split_chunks``; trailing runs are empty when there are fewer tiles);
+      the forward of ``order`` (FA2, or FA1: both are supported) runs on each run alone,
+      with every other switch as given, ending in O_s = acc_s/ℓ_s (``normalize``) in the
+      accumulator dtype and lse_s (−inf for a run with no allowed key); ``merge_splits``
+      combines them in the accumulator dtype (lse = m + log Σ_s e^(lse_s − m),
+      m = max_s lse_s; O = Σ_s e^(lse_s − lse)·O_s), and O is rounded once to the input
+      dtype. The returned lse is the merged one; rows with no allowed key give 0 and −inf as
+      without splits. Only the forward changes: the backward is the FA2 backward from the
+      merged O and lse.
     """
     p = check_attention_args(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
@@ -756,7 +826,7 @@ def online_attention(
         query.dtype, precision, gqa_reduce=gqa_reduce, flush_subnormals=flush_subnormals,
         scale_at=scale_at, p_precision=p_precision, ds_precision=ds_precision,
         ds_scale=ds_scale, tf32=tf32, normalize=normalize, exp_accuracy=exp_accuracy,
-        tf32_rounding=tf32_rounding,
+        tf32_rounding=tf32_rounding, kv_splits=kv_splits,
     )
     if precision == "exact":
         query, key, value = (t.to(torch.float64) for t in (query, key, value))

@@ -32,6 +32,8 @@ CHOICE_CASES = {
     "exp2_approx": dict(Nk=48, **GRAD),
     "q_prescaled": dict(Nk=48, D=32, dtype="bfloat16", **GRAD),
     "ds_scaled_before_round": dict(Nk=48, D=32, dtype="float16", **GRAD),
+    # 48 keys: 3 tiles of 16, one per split
+    "split_kv": dict(Nk=48, **GRAD),
 }
 
 
@@ -75,3 +77,19 @@ def test_tf32_control_is_judged_by_the_tf32_member(name):
     undeclared.capabilities = {k: x for k, x in tf32.capabilities.items() if k != "tf32"}
     bad = check_case(undeclared, case, "cpu")
     assert (bad.status, bad.failure) == ("fail", "numerical"), bad.summary()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_split_kv_control_passes_the_full_family(dtype):
+    """Causal, 64 keys (4 tiles: 3 splits of 2, 2 and 0 tiles; the second split sees no
+    key for the first 32 rows), a batch whose keys are all padded (rows with no key): the
+    control passes judged by every member, the split_kv member among them."""
+    from flashcheck.verify.check import check_case
+    from flashcheck.verify.controls.split_kv import attention
+
+    case = Case(**{**BASE, "Nq": 40, "Nk": 64, "dtype": dtype, "is_causal": True,
+                   "mask": {"kind": "key_padding", "shape": "bk", "lengths": [64, 0]},
+                   **GRAD})
+    v = check_case(attention, case, "cpu", family="full")
+    assert v.status == "pass", v.summary()
+    assert set(v.tensors) >= {"out", "dq", "dk", "dv"}

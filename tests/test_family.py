@@ -514,3 +514,75 @@ def test_each_member_differs_from_the_baseline(dtype):
                            "gqa_per_head_rounded", "gqa_expand_autograd"}, same
         a, b = got["gqa_expand_autograd"], got["gqa_per_head_rounded"]
         assert all(torch.equal(a[t], b[t]) for t in a)
+
+
+# ---------------------------------------------------------------- split-KV
+
+
+@given(
+    kw=problems(max_n=24, max_d=8), dtype=st.sampled_from(list(DTYPES) + ["float64"]),
+    block_m=blocks, block_n=blocks, order=st.sampled_from(["fa2", "fa1"]),
+    precision=st.sampled_from(["emulate", "exact"]), seed=st.integers(0, 2**32 - 1),
+)
+def test_kv_splits_one_bit_identical_to_previous_code(kw, dtype, block_m, block_n, order,
+                                                      precision, seed):
+    """kv_splits=1 given explicitly is the forward before the switch existed (the frozen
+    copy): output, lse and every gradient, bit for bit."""
+    dt = getattr(torch, dtype)
+    kw = _cast(kw, dt)
+    dout = torch.randn(kw["query"].shape, generator=torch.Generator().manual_seed(seed),
+                       dtype=torch.float64).to(torch.float64 if precision == "exact" else dt)
+    opts = dict(block_m=block_m, block_n=block_n, order=order, precision=precision)
+    old = _grads(lambda **a: OLD.online_attention(**a, return_lse=True, **opts), kw, dout, "cpu")
+    new = _run(kw, dout, kv_splits=1, **opts)
+    assert _same(new[0], old[0]) and _same(new[1], old[1])
+    for a, b in zip(new[2], old[2], strict=True):
+        assert _same(a, b)
+
+
+def test_split_kv_member_applies_everywhere_and_splits_short_sequences():
+    from flashcheck.reference.online import split_chunks
+
+    for dt in ("float16", "bfloat16", "float32", "float64"):
+        for gqa in (False, True):
+            for tf32 in (False, True):
+                assert "split_kv" in family_members(dt, gqa=gqa, tf32=tf32)
+    kw = FAMILY["split_kv"]
+    # The CPU suite's few dozen keys split: 2 non-empty runs from 17 keys, 4 from 49.
+    runs = {nk: sum(len(r) > 0 for r in split_chunks(-(-nk // kw["block_n"]), kw["kv_splits"]))
+            for nk in (16, 17, 48, 49, 128)}
+    assert runs == {16: 1, 17: 2, 48: 3, 49: 4, 128: 4}
+
+
+def test_run_family_keys_the_forward_by_kv_splits(monkeypatch):
+    """Members differing only in kv_splits get their own forward (and differ); members
+    differing only in a backward-only switch share one; every result is bit for bit that of
+    one online_attention call."""
+    import flashcheck.reference.family as fam
+
+    calls = []
+    real = fam._run_forward
+
+    def counting(ar, *a, **k):
+        calls.append(ar.kv_splits)
+        return real(ar, *a, **k)
+
+    monkeypatch.setattr(fam, "_run_forward", counting)
+    kw, dout = _gqa_case(torch.float16, seed=6)
+    kw["is_causal"] = True
+    members = {
+        "plain": dict(block_m=8, block_n=4),
+        "s3": dict(block_m=8, block_n=4, kv_splits=3),
+        "s3_ds": dict(block_m=8, block_n=4, kv_splits=3, ds_scale="before_round"),
+        "s3_fa1": dict(block_m=8, block_n=4, kv_splits=3, order="fa1"),
+        "s2_exp2": dict(block_m=8, block_n=4, kv_splits=2, scale_at="exp2"),
+        "s5_gqa": dict(block_m=8, block_n=4, kv_splits=5, gqa_reduce="group_fp32"),
+    }
+    got = run_family(kw["query"], kw["key"], kw["value"], dout, members=members,
+                     is_causal=True, scale=0.3, enable_gqa=True)
+    assert sorted(calls) == [1, 2, 3, 3, 5]  # s3_ds shares s3's forward
+    for name, opts in members.items():
+        out, _, (dq, dk, dv) = _run(kw, dout, **opts)
+        for t, want in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), strict=True):
+            assert torch.equal(got[name][t], want), (name, t)
+    assert not torch.equal(got["plain"]["out"], got["s3"]["out"])

@@ -290,3 +290,184 @@ def test_fp32_matmul_precision_forced_then_restored():
     finally:
         torch.set_float32_matmul_precision(prev)
     assert torch.equal(got, want)
+
+
+# ---------------------------------------------------------------- split-KV (kv_splits)
+
+U_IN = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float32: 2.0**-24}
+U_ACC = 2.0**-24  # fp32 accumulators
+
+
+def test_split_chunks_cover_the_tiles_in_order():
+    from flashcheck.reference.online import split_chunks
+
+    assert [list(r) for r in split_chunks(5, 2)] == [[0, 1, 2], [3, 4]]
+    assert [list(r) for r in split_chunks(2, 4)] == [[0], [1], [], []]
+    assert [list(r) for r in split_chunks(12, 4)] == [[0, 1, 2], [3, 4, 5], [6, 7, 8],
+                                                      [9, 10, 11]]
+    for n in range(1, 30):
+        for s in range(1, 9):
+            runs = split_chunks(n, s)
+            assert len(runs) == s and [i for r in runs for i in r] == list(range(n))
+
+
+@given(
+    kw=problems(), block_m=blocks, block_n=st.integers(1, 16),
+    kv_splits=st.integers(2, 6), order=st.sampled_from(["fa2", "fa1"]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_split_kv_exact_mode_matches_fp64_oracle(kw, block_m, block_n, kv_splits, order, seed):
+    """The split forward and its merge are exact in real arithmetic: float64 agrees with the
+    oracle (out, lse, every gradient), both loop orders, empty splits, fully masked rows and
+    splits. Tolerance ORACLE_RTOL·L, L = max|lse| + 1: the merge weights e^(lse_s − lse)
+    (and the backward's P, through the merged lse) carry a few roundings of the lse_s and
+    of lse, u·|lse| each, which the unsplit rescales cancel ("large" values: |lse| ~ 1e3,
+    3e-12 seen on dq; normal values: L ~ 5)."""
+    dout = torch.randn(kw["query"].shape, generator=torch.Generator().manual_seed(seed),
+                       dtype=torch.float64)
+    want_out, want_lse, want_grads = _grads(
+        lambda **a: reference.attention_fp64(**a, return_lse=True), kw, dout, "cpu")
+    got_out, got_lse, got_grads = _grads(
+        lambda **a: reference.online_attention(
+            **a, block_m=block_m, block_n=block_n, order=order, precision="exact",
+            kv_splits=kv_splits, return_lse=True),
+        kw, dout, "cpu")
+    assert torch.equal(got_lse == -torch.inf, want_lse == -torch.inf)
+    live = want_lse > -torch.inf
+    L = (want_lse[live].abs().max().item() if live.any() else 0.0) + 1
+    torch.testing.assert_close(got_out, want_out, rtol=0,
+                               atol=ORACLE_RTOL * L * kw["value"].abs().max().item())
+    torch.testing.assert_close(got_lse[live], want_lse[live], rtol=ORACLE_RTOL, atol=ORACLE_RTOL)
+    for got, want in zip(got_grads, want_grads, strict=False):
+        torch.testing.assert_close(got, want, rtol=0,
+                                   atol=ORACLE_RTOL * L * max(want.abs().max().item(), 1.0))
+
+
+def _dead_split(kw, block_n, kv_splits):
+    """Whether some row with an allowed key has a split with none (a fully masked split)."""
+    from flashcheck.reference.masks import combined_mask
+    from flashcheck.reference.online import split_chunks
+
+    q, k = kw["query"], kw["key"]
+    shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    allowed, bias = combined_mask(kw["attn_mask"], shape, is_causal=kw["is_causal"],
+                                  causal_alignment="top_left", window=None)
+    if bias is not None:
+        allowed = allowed & (bias > -torch.inf)
+    allowed = allowed.expand(shape)
+    n_tiles = -(-shape[3] // block_n)
+    per_split = [allowed[..., r.start * block_n:r.stop * block_n].any(-1)
+                 for r in split_chunks(n_tiles, kv_splits)]
+    live = allowed.any(-1)
+    return bool(any((live & ~s).any() for s in per_split))
+
+
+@pytest.mark.parametrize("kv_splits", [2, 3, 7])
+@pytest.mark.parametrize("order", ["fa2", "fa1"])
+@pytest.mark.parametrize("mask", ["bool", "additive"])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_split_kv_emulate_near_fp64(dtype, mask, order, kv_splits):
+    """Normwise, per tensor: err <= C·u·max|exact|, C = 4 below fp32 (the roundings of P
+    and of the output to the dtype dominate; the split adds fp32 roundings only: one
+    normalisation per split and 3 per split in the merge, ~1e-4 of u for fp16), C = 32 for
+    fp32 (Nk = 45-term fp32 sums, errors ~√N·u_a, plus the merge's few roundings); the lse
+    within 128·u_a·(max|lse| + 1): the scores' 19-term fp32 dot products (γ_19·|s|), log ℓ
+    of <= 45 terms and the merge's ~4 roundings, all below 128 u_a relative. Causal with a
+    bool (first row dead) or additive (-inf entries, last row dead) mask; some live row has
+    a split with no allowed key; no NaN anywhere, dead rows give 0 and lse = -inf."""
+    dt = DTYPES[dtype]
+    kw = make_problem(B=1, Hq=4, Hkv=2, Nq=37, Nk=45, D=16, seed=3, dtype=dt, mask=mask,
+                      is_causal=True)
+    kw["scale"] = 0.3
+    assert _dead_split(kw, 4, kv_splits)
+    dout = torch.randn(kw["query"].shape, generator=torch.Generator().manual_seed(1),
+                       dtype=torch.float64).to(dt)
+    want_out, want_lse, want_grads = _grads(
+        lambda **a: reference.attention_fp64(**a, return_lse=True),
+        _emulate_inputs(kw, torch.float64), dout.double(), "cpu")
+    got_out, got_lse, got_grads = _grads(
+        lambda **a: reference.online_attention(**a, block_m=8, block_n=4, order=order,
+                                               kv_splits=kv_splits, return_lse=True),
+        kw, dout, "cpu")
+    c = 32 if dt == torch.float32 else 4
+    for name, got, want in zip(("out", "dq", "dk", "dv"), [got_out, *got_grads],
+                               [want_out, *want_grads], strict=False):
+        assert got.dtype == dt and not got.isnan().any(), name
+        err = (got.double() - want).abs().max().item()
+        assert err <= c * U_IN[dt] * want.abs().max().item(), (name, err)
+    dead = want_lse == -torch.inf
+    assert dead.any() and torch.equal(got_lse == -torch.inf, dead)
+    assert (got_out[dead] == 0).all()
+    lse_err = (got_lse[~dead].double() - want_lse[~dead]).abs().max().item()
+    assert lse_err <= 128 * U_ACC * (want_lse[~dead].abs().max().item() + 1)
+
+
+def _hand_merge(o1, l1, o2, l2):
+    """Two partial results merged as the split-KV combine kernel does, written out."""
+    m = torch.maximum(l1, l2)
+    m = torch.where(m == -torch.inf, torch.zeros_like(m), m)
+    total = torch.exp(l1 - m) + torch.exp(l2 - m)
+    lse = torch.where(total > 0, m + torch.log(total), torch.full_like(m, -torch.inf))
+    shift = torch.where(total > 0, lse, torch.zeros_like(lse))
+    out = torch.exp(l1 - shift)[..., None] * o1 + torch.exp(l2 - shift)[..., None] * o2
+    return out, lse
+
+
+@pytest.mark.parametrize("tiles", [2, 3])
+@pytest.mark.parametrize("order", ["fa2", "fa1"])
+@pytest.mark.parametrize("precision, dtype", [("emulate", torch.float32),
+                                              ("exact", torch.float64)])
+def test_split_kv_merge_equals_hand_merge_of_two_halves(precision, dtype, order, tiles):
+    """kv_splits=2 over ``tiles`` key tiles of 4 = the model run on the first
+    ceil(tiles / 2) tiles and on the rest separately (their outputs are the unrounded O_s:
+    fp32 and fp64 outputs are not rounded again), merged by hand: bit for bit. Rows 1-2
+    see no key in the first half (a dead split), row 0 none at all (a dead row)."""
+    bn = 4
+    nk = tiles * bn
+    cut = -(-tiles // 2) * bn
+    kw = make_problem(B=1, Hq=2, Hkv=2, Nq=9, Nk=nk, D=8, seed=5, dtype=dtype, mask="bool")
+    mask = kw["attn_mask"]
+    mask[:, :, 1:3, :cut] = False
+    q, k, v = kw["query"], kw["key"], kw["value"]
+    opts = dict(block_m=4, block_n=bn, order=order, precision=precision, return_lse=True,
+                scale=0.3)
+    o1, l1 = reference.online_attention(q, k[:, :, :cut], v[:, :, :cut], mask[..., :cut],
+                                        **opts)
+    o2, l2 = reference.online_attention(q, k[:, :, cut:], v[:, :, cut:], mask[..., cut:],
+                                        **opts)
+    assert (l1[:, :, 1:3] == -torch.inf).all() and (l2[:, :, 1:3] > -torch.inf).all()
+    want_out, want_lse = _hand_merge(o1, l1, o2, l2)
+    got_out, got_lse = reference.online_attention(q, k, v, mask, **opts, kv_splits=2)
+    assert torch.equal(got_out, want_out) and torch.equal(got_lse, want_lse)
+    assert (got_out[:, :, 0] == 0).all() and (got_lse[:, :, 0] == -torch.inf).all()
+    unsplit = reference.online_attention(q, k, v, mask, **opts)
+    assert not torch.equal(got_out, unsplit[0])  # the split changes the arithmetic
+
+
+@pytest.mark.parametrize("order", ["fa2", "fa1"])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_split_kv_with_one_tile_is_the_unsplit_model(dtype, order):
+    """Nk <= block_n: one non-empty split, the others empty (lse -inf, weight exactly 0,
+    the live split's weight exactly e^0 = 1): out, lse and every gradient bit for bit those
+    of kv_splits=1 (the backward depends on the forward only through out and lse)."""
+    kw = make_problem(B=1, Hq=2, Hkv=1, Nq=11, Nk=7, D=8, seed=2, dtype=DTYPES[dtype],
+                      mask="additive", is_causal=True)
+    dout = torch.randn(kw["query"].shape, generator=torch.Generator().manual_seed(0),
+                       dtype=torch.float64).to(DTYPES[dtype])
+
+    def run(splits):
+        return _grads(lambda **a: reference.online_attention(
+            **a, block_m=4, block_n=8, order=order, kv_splits=splits, return_lse=True),
+            kw, dout, "cpu")
+
+    base, split = run(1), run(4)
+    for a, b in zip([base[0], base[1], *base[2]], [split[0], split[1], *split[2]],
+                    strict=True):
+        assert torch.equal(a, b)
+
+
+def test_kv_splits_rejected_with_its_name():
+    kw = make_problem(B=1, Hq=1, Hkv=1, Nq=3, Nk=3, D=2, seed=0, dtype=torch.float16)
+    for bad in (0, -2, 1.5, 2.0, True, "2", None):
+        with pytest.raises(ValueError, match=r"kv_splits: expected an int >= 1"):
+            reference.online_attention(**kw, kv_splits=bad)

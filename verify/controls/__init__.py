@@ -5,9 +5,10 @@ also fails correct kernels is useless. Each control computes the right answer by
 route: other tile sizes, FlashAttention-1's update order, fp32 throughout (more accurate than
 the baseline), one control per correct implementation choice of docs/DESIGN.md section 5's
 family (GQA reduced per head, subnormals flushed, exp2 with a folded scale, the scale fused
-into the exponent, Q prescaled, dS scaled before its rounding), the blocked PyTorch base of
-the mutants, the Triton base of the Triton mutants, and the references themselves
-(`reference`: float64 rounded to the input dtype; `online`: the emulated flash model).
+into the exponent, Q prescaled, dS scaled before its rounding, the split-KV forward), the
+blocked PyTorch base of the mutants, the Triton base of the Triton mutants, and the references
+themselves (`reference`: float64 rounded to the input dtype; `online`: the emulated flash
+model).
 Each entry is a kernel spec for `verify.adapters.resolve_kernel`.
 """
 
@@ -53,6 +54,7 @@ CONTROLS: tuple[Control, ...] = (
     Control("fa2_cuda_softmax",
             "exp2(s * scale_log2 - max_scaled) as one FFMA, O = acc * (1/l) (FA2 CUDA)"),
     Control("ds_scaled_before_round", "scale * dS rounded to the input dtype, not dS"),
+    Control("split_kv", "split-KV forward: 3 key splits merged by their lse in fp32 (FA2 combine)"),
     Control("triton_fwd", "Triton forward, tiles of 16 (Triton mutant base)"),
     Control("triton_tile32", "Triton forward, tiles of 32"),
     Control("reference", "float64 oracle rounded to the input dtype", builtin=True),
