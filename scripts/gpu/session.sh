@@ -225,8 +225,9 @@ if has peers; then
 fi
 if has ragged; then
   el bench_ragged
-  timeout -s TERM 150 python3 scripts/gpu/bench_ragged.py --out "$R/bench_ragged.json" \
-    > "$R/bench_ragged.log" 2>&1
+  export PYTHONPATH=$PWD:$PWD/.whl/site  # fasterkernels (carried .whl), for its paged decode
+  timeout -s TERM "${BENCH_RAGGED_S:-150}" python3 scripts/gpu/bench_ragged.py \
+    --out "$R/bench_ragged.json" ${BENCH_RAGGED_ARGS:-} > "$R/bench_ragged.log" 2>&1
   el "bench_ragged exit=$?"
   export OMP_NUM_THREADS=1
   for k in triton-varlen triton-decode sdpa-varlen flex-varlen sdpa-decode \
