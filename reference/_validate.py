@@ -31,6 +31,7 @@ DS_SCALES = ("after_round", "before_round")
 NORMALIZES = ("divide", "reciprocal")
 EXP_ACCURACIES = ("library", "approx")
 TF32_ROUNDINGS = ("nearest", "truncate")
+BWD_SCORES = ("as_forward", "k16")
 
 
 @dataclass(frozen=True)

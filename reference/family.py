@@ -56,6 +56,7 @@ FAMILY: dict[str, dict] = {
     "tf32": dict(_BASE, tf32=True),
     "exp2_approx": dict(_BASE, scale_at="exp2", exp_accuracy="approx"),
     "tf32_truncated": dict(_BASE, tf32=True, tf32_rounding="truncate"),
+    "bwd_scores_k16": dict(_BASE, bwd_scores="k16"),
     "split_kv": dict(block_m=128, block_n=16, kv_splits=4),
 }
 
@@ -128,10 +129,18 @@ FAMILY_NOTES: dict[str, str] = {
                 "(|lse| ~ 1e4, 128 keys) its output error is up to 5x the other members' "
                 "(6 seeds); below fp32 within 1.3x of theirs. Backward: the FA2 backward "
                 "(128x16 tiles) from the merged O and lse",
+    "bwd_scores_k16": "the backward recomputes S = QKᵀ in another summation order over the "
+                      "head dim than the forward whose lse it uses (its own GEMM blocking, or "
+                      "MMA k-steps of 16), so P = exp(S − lse) is off by the difference of two "
+                      "roundings of each score and a row's P no longer sums to exactly 1. "
+                      "PyTorch's CPU flash SDPA backend does this (cpublas GEMMs per kv block "
+                      "in each pass): fp32, logits ~1e4, dv 1.06x the rule without it "
+                      "(sdpa-varlen, CPU); the scores' rounding at |s| ~1e4 is ~1e-3, which "
+                      "P turns into a relative error that dV and dK inherit",
 }
 
 # Switches that change only the backward (the forward of members differing in them is shared).
-_BACKWARD_ONLY = ("ds_precision", "ds_scale", "gqa_reduce")
+_BACKWARD_ONLY = ("ds_precision", "ds_scale", "gqa_reduce", "bwd_scores")
 _GQA_MEMBERS = ("gqa_group_fp32", "gqa_per_head_rounded", "gqa_expand_autograd")
 _LOOP_KEYS = dict(block_m=128, block_n=128, order="fa2")
 

@@ -34,7 +34,8 @@ folded with log2 e into exp2), ``p_precision``/``ds_precision`` (P, dS rounded t
 input dtype or kept in fp32), ``ds_scale`` (scale on dS before its rounding or on dQ/dK at
 the end), ``tf32`` (fp32 inputs: matmul operands rounded to TF32 by ``round_tf32``) and
 ``exp_accuracy`` (fp32: every exponential to 22 significant bits, ``round_exp_approx``)
-and ``kv_splits`` (split-KV forward, above). With every switch at its default the
+and ``kv_splits`` (split-KV forward, above) and ``bwd_scores`` (the backward's QKᵀ summed
+over the head dim in another order than the forward's). With every switch at its default the
 arithmetic is bit for bit that of the model before the switches existed.
 
 The (m, ℓ) recurrence is ``online_lse_step``; the tile updates ``tile_step_fa2`` and
@@ -67,6 +68,7 @@ from ._validate import (
     PRECISIONS,
     SCALE_ATS,
     TF32_ROUNDINGS,
+    BWD_SCORES,
     Problem,
     check_attention_args,
     check_block,
@@ -197,6 +199,12 @@ def _flush(x: torch.Tensor, tiny: float) -> torch.Tensor:
     return torch.where(x.abs() < tiny, x * 0, x)
 
 
+# The k-step of ``bwd_scores="k16"``: 16, the K of an fp16/bf16 MMA instruction (m16n8k16)
+# and of Triton's smallest tl.dot; a backward that recomputes QKᵀ in such steps sums the
+# head dim in another order than a forward that used one GEMM call (or wider steps).
+K_STEP = 16
+
+
 class _Arith:
     """Where each value lives (operand dtype = rounding, accumulator dtype) and the
     implementation choices of one call (the keyword switches of ``online_attention``).
@@ -210,7 +218,7 @@ class _Arith:
         flush_subnormals: bool = False, scale_at: str = "scores", p_precision: str = "input",
         ds_precision: str = "input", ds_scale: str = "after_round", tf32: bool = False,
         normalize: str = "divide", exp_accuracy: str = "library",
-        tf32_rounding: str = "nearest", kv_splits: int = 1,
+        tf32_rounding: str = "nearest", kv_splits: int = 1, bwd_scores: str = "as_forward",
     ):
         if precision == "exact":
             self.operand = self.acc = torch.float64
@@ -231,6 +239,7 @@ class _Arith:
         self.to_tf32 = truncate_tf32 if tf32_rounding == "truncate" else round_tf32
         self.approx_exp = exp_accuracy == "approx"
         self.kv_splits = kv_splits
+        self.bwd_k_steps = bwd_scores == "k16"
 
     def ftz(self, x: torch.Tensor) -> torch.Tensor:
         """Flush accumulator-dtype subnormals to zero when flushing; else ``x`` itself."""
@@ -298,6 +307,17 @@ class _Arith:
             a, b = self.to_tf32(a), self.to_tf32(b)
         return self.ftz(torch.matmul(a, b))
 
+    def mm_scores(self, a: torch.Tensor, b: torch.Tensor, backward: bool) -> torch.Tensor:
+        """QKᵀ of a tile: ``mm``; in the backward with ``bwd_scores="k16"``, a sum over the
+        head dim in steps of K_STEP, each step's product added in order to the accumulator
+        (an MMA's k-steps), so the backward's scores are another rounding of the forward's."""
+        if not (backward and self.bwd_k_steps) or a.shape[-1] <= K_STEP:
+            return self.mm(a, b)
+        acc = self.mm(a[..., :K_STEP], b[..., :K_STEP, :])
+        for i in range(K_STEP, a.shape[-1], K_STEP):
+            acc = self.ftz(acc + self.mm(a[..., i:i + K_STEP], b[..., i:i + K_STEP, :]))
+        return acc
+
 
 @contextlib.contextmanager
 def _ieee_fp32_matmul():
@@ -313,7 +333,7 @@ def _ieee_fp32_matmul():
         torch.set_float32_matmul_precision(prev)
 
 
-def _scores(ar: _Arith, p: Problem, qi, kj, attn_mask, rows, cols):
+def _scores(ar: _Arith, p: Problem, qi, kj, attn_mask, rows, cols, backward=False):
     """Scaled, masked scores of one tile in the accumulator dtype (in log2 units, i.e.
     times log2(e), when ``scale_at`` is a base-2 choice), and ``fused``: for
     ``scale_at="exp2_fma"``, the exact products QKᵀ·c in float64 (plus bias·log2 e with an
@@ -321,17 +341,18 @@ def _scores(ar: _Arith, p: Problem, qi, kj, attn_mask, rows, cols):
     None."""
     # One accumulator-dtype constant scale·log2(e) in base 2 (FlashAttention-2/3, Triton).
     c = torch.tensor(p.scale * LOG2E, dtype=ar.acc).item() if ar.base2 else p.scale
+    kt = kj.transpose(-2, -1)
     if ar.scale_at in ("q", "q_exp2"):
-        s = ar.mm(ar.rnd(qi * c), kj.transpose(-2, -1))
+        s = ar.mm_scores(ar.rnd(qi * c), kt, backward)
     elif ar.fused:
         # The raw score times c, in float64: exact for fp32 scores (24 + 24 bits < 53);
         # the rounded product is the scaled score that the row max is taken of.
-        fused = ar.mm(qi, kj.transpose(-2, -1)).to(torch.float64) * c
+        fused = ar.mm_scores(qi, kt, backward).to(torch.float64) * c
         s = fused.to(ar.acc)
     elif ar.base2:
-        s = ar.mm(qi, kj.transpose(-2, -1)) * c
+        s = ar.mm_scores(qi, kt, backward) * c
     else:
-        s = ar.mm(qi, kj.transpose(-2, -1)) * p.scale
+        s = ar.mm_scores(qi, kt, backward) * p.scale
     if not ar.fused:
         fused = None
     s = ar.ftz(s)
@@ -507,7 +528,7 @@ def _backward_fa2(ar, p, q, k, v, attn_mask, out, lse, dout, bm, bn, want_dbias)
         for rows in _tiles(p.Nq, bm):
             rs = slice(rows[0], rows[1])
             qi, do_i = q[:, :, rs], do[:, :, rs]
-            s, fused = _scores(ar, p, qi, kj, attn_mask, rows, cols)
+            s, fused = _scores(ar, p, qi, kj, attn_mask, rows, cols, backward=True)
             pt = ar.exp_minus(s, fused, lse_shift[:, :, rs].unsqueeze(-1))
             dv_j = _kv_accumulate(ar, p, dv_j, ar.rnd_p(pt), do_i)
             dp = ar.mm(do_i, vj.transpose(-2, -1))
@@ -716,6 +737,7 @@ SWITCH_DEFAULTS = dict(
     gqa_reduce="per_head_fp32", flush_subnormals=False, scale_at="scores",
     p_precision="input", ds_precision="input", ds_scale="after_round", tf32=False,
     normalize="divide", exp_accuracy="library", tf32_rounding="nearest", kv_splits=1,
+    bwd_scores="as_forward",
 )
 
 
@@ -740,6 +762,7 @@ def _make_arith(dtype, precision, **switches) -> _Arith:
         exp_accuracy=check_choice("exp_accuracy", sw["exp_accuracy"], EXP_ACCURACIES),
         tf32_rounding=check_choice("tf32_rounding", sw["tf32_rounding"], TF32_ROUNDINGS),
         kv_splits=check_count("kv_splits", sw["kv_splits"]),
+        bwd_scores=check_choice("bwd_scores", sw["bwd_scores"], BWD_SCORES),
     )
     if ar.tf32 and (dtype != torch.float32 or precision != "emulate"):
         raise ValueError(
@@ -756,6 +779,7 @@ def online_attention(
     gqa_reduce="per_head_fp32", flush_subnormals=False, scale_at="scores",
     p_precision="input", ds_precision="input", ds_scale="after_round", tf32=False,
     normalize="divide", exp_accuracy="library", tf32_rounding="nearest", kv_splits=1,
+    bwd_scores="as_forward",
 ):
     """Blocked online-softmax attention (contracts.md §1), FA2 or FA1 loop order.
 
@@ -813,6 +837,10 @@ def online_attention(
       dtype. The returned lse is the merged one; rows with no allowed key give 0 and −inf as
       without splits. Only the forward changes: the backward is the FA2 backward from the
       merged O and lse.
+    - ``bwd_scores``: ``"as_forward"`` the backward recomputes QKᵀ with the forward's
+      product, bit for bit; ``"k16"`` it sums the head dim in steps of 16 (``K_STEP``), so
+      P = exp(S_bwd − lse) uses another rounding of each score than the lse did and no
+      longer sums to exactly 1 (a backward kernel with its own GEMM blocking or MMA k-steps).
     """
     p = check_attention_args(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
@@ -826,7 +854,7 @@ def online_attention(
         query.dtype, precision, gqa_reduce=gqa_reduce, flush_subnormals=flush_subnormals,
         scale_at=scale_at, p_precision=p_precision, ds_precision=ds_precision,
         ds_scale=ds_scale, tf32=tf32, normalize=normalize, exp_accuracy=exp_accuracy,
-        tf32_rounding=tf32_rounding, kv_splits=kv_splits,
+        tf32_rounding=tf32_rounding, kv_splits=kv_splits, bwd_scores=bwd_scores,
     )
     if precision == "exact":
         query, key, value = (t.to(torch.float64) for t in (query, key, value))

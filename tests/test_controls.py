@@ -34,6 +34,8 @@ CHOICE_CASES = {
     "ds_scaled_before_round": dict(Nk=48, D=32, dtype="float16", **GRAD),
     # 48 keys: 3 tiles of 16, one per split
     "split_kv": dict(Nk=48, **GRAD),
+    # D = 32: four steps of 8 in the backward's QKᵀ against the forward's one product
+    "bwd_scores_reordered": dict(Nk=48, D=32, dtype="float32", **GRAD),
 }
 
 
@@ -93,3 +95,18 @@ def test_split_kv_control_passes_the_full_family(dtype):
     v = check_case(attention, case, "cpu", family="full")
     assert v.status == "pass", v.summary()
     assert set(v.tensors) >= {"out", "dq", "dk", "dv"}
+
+
+def test_backward_scores_reordered_is_judged_by_its_member():
+    """fp32 at logits ~1e4: the backward's other rounding of the scores is ~1e-3 of P; the
+    control's dV is judged by ``bwd_scores_k16`` (0.33 of the tolerance; 0.97 without the
+    member, where the floor alone kept it in)."""
+    from flashcheck.verify.check import check_case
+
+    ctl = importlib.import_module("flashcheck.verify.controls.bwd_scores_reordered").attention
+    case = Case(B=1, Hq=2, Hkv=2, Nq=64, Nk=64, D=128, dtype="float32", is_causal=True,
+                dist={"kind": "large_logits", "target": 1e4}, grad_dist={"kind": "uniform"},
+                seed=5)
+    v = check_case(ctl, case, "cpu", family="full")
+    assert v.status == "pass", v.summary()
+    assert v.tensors["dv"].member == "bwd_scores_k16"

@@ -499,7 +499,9 @@ def test_each_member_differs_from_the_baseline(dtype):
     """On generic inputs (scale 0.3, several tiles, GQA) the members whose choice acts at
     the input dtype's rounding change some bit; below fp32 those acting at fp32 level
     (exp2, tiles, loop order, fp32 summation order) may be absorbed by the final rounding.
-    For fp32 inputs every member but ftz (no subnormals here) differs."""
+    For fp32 inputs every member but ftz (no subnormals here) and bwd_scores_k16 (D = 8 is one
+    k-step: the same product; tests/test_reference_online.py shows it differ at D = 48)
+    differs."""
     dt = DTYPES[dtype]
     kw, dout = _gqa_case(dt, seed=4)
     members = _small(family_members(dt, gqa=True, tf32=dt == torch.float32))
@@ -508,7 +510,7 @@ def test_each_member_differs_from_the_baseline(dtype):
     base = got.pop("fa2_128")
     same = {n for n, r in got.items() if all(torch.equal(r[t], base[t]) for t in base)}
     if dt == torch.float32:
-        assert same <= {"ftz"}, same
+        assert same <= {"ftz", "bwd_scores_k16"}, same
     else:
         assert not same & {"q_prescaled", "q_exp2_prescaled", "p_ds_fp32", "ds_before_round",
                            "gqa_per_head_rounded", "gqa_expand_autograd"}, same

@@ -11,6 +11,7 @@ from its case file. Our Triton kernels under the whole harness: ``test_ragged_ke
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -203,3 +204,12 @@ def test_ragged_kernels_pass_a_campaign(api, tmp_path, device):
     rc = cli.main(["fuzz", "--api", api, "--kernel", f"triton-{api}", "--device", device,
                    "--examples", "60", "--seed", "5", "--out", str(tmp_path), "--quiet"])
     assert rc == 0, sorted(p.name for p in (tmp_path / "failures").glob("*.json"))
+
+
+def test_cpu_flash_sdpa_per_sequence_passes_at_large_logits():
+    """A false alarm found by the varlen sweep: PyTorch's CPU flash SDPA backend (fp32,
+    logits ~1e4) recomputes the scores in its backward with another GEMM blocking than its
+    forward, dv 1.06x the rule before the ``bwd_scores_k16`` member named that choice."""
+    case, _ = load_case_file(Path(__file__).parent / "data" / "sdpa_varlen_cpu_bwd_scores.json")
+    v = check_case("sdpa-varlen", case, "cpu")
+    assert v.status == "pass", v.summary()

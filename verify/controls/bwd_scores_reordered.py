@@ -1,0 +1,40 @@
+"""Control: the backward recomputes the scores in another summation order than the forward.
+
+A backward kernel recomputes S = QKᵀ tile by tile to rebuild P = exp(S − lse) from the
+forward's lse; it uses its own GEMM blocking or MMA k-steps, so its S is another rounding of
+the scores the lse came from (PyTorch's CPU flash SDPA backend: a cpublas GEMM per kv block
+in each pass). P then carries the difference of the two roundings, about u·|s| relative, and
+no longer sums to exactly 1 per row; at large logits (|s| ~ 1e4 in fp32) that is ~1e-3,
+which dV and dK inherit. Here the backward sums the head dim in steps of 8, one matmul per
+step added in order in fp32 (the family member ``bwd_scores_k16`` uses steps of 16); the
+forward is the blocked base's. Its own code on the base's hooks. Correct.
+"""
+
+from flashcheck.verify.mutants._blocked import BlockedAttention
+
+_STEP = 8  # not the member's 16: an independent order
+
+
+class _BackwardScoresReordered(BlockedAttention):
+    _backward = False
+
+    def logits(self, q, k_tile, bias, scale, dtype):
+        if not self._backward:
+            return super().logits(q, k_tile, bias, scale, dtype)
+        kt = k_tile.transpose(-1, -2)
+        s = self.mm(q[..., :_STEP], kt[..., :_STEP, :])
+        for i in range(_STEP, q.shape[-1], _STEP):
+            s = s + self.mm(q[..., i:i + _STEP], kt[..., i:i + _STEP, :])
+        s = s * scale
+        return s if bias is None else s + bias
+
+    def backward(self, *args, **kwargs):
+        self._backward = True
+        try:
+            return super().backward(*args, **kwargs)
+        finally:
+            self._backward = False
+
+
+attention = _BackwardScoresReordered()
+capabilities = attention.capabilities
