@@ -59,6 +59,7 @@ import math
 import torch
 
 from ._validate import (
+    BWD_SCORES,
     DS_SCALES,
     EXP_ACCURACIES,
     GQA_REDUCES,
@@ -68,7 +69,6 @@ from ._validate import (
     PRECISIONS,
     SCALE_ATS,
     TF32_ROUNDINGS,
-    BWD_SCORES,
     Problem,
     check_attention_args,
     check_block,
