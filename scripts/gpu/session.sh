@@ -59,11 +59,13 @@ PHASE=${*// /+}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TRITON_CACHE_DIR=$PWD/.tcache
 # Many compiling processes at once: one Inductor compile worker each, not one per core.
 export TORCHINDUCTOR_COMPILE_THREADS=1
-R=$PWD/gpu_out; mkdir -p "$R" "$TRITON_CACHE_DIR"
+# GPU_R=$OUT/r: results written straight under $OUT, so a call cut at its limit still
+# returns them (the tarball is written only when the script exits).
+R=${GPU_R:-$PWD/gpu_out}; mkdir -p "$R" "$TRITON_CACHE_DIR"
 T0=$(date +%s)
 el() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 job() { local name=$1 t=$2; shift 2; ( timeout -s TERM "$t" "$@" > "$R/$name.log" 2>&1; echo "exit=$?" >> "$R/$name.log" ) & }
-pack() { tar czf "$OUT/gpu.tgz" -C "$R" . 2>/dev/null; }
+pack() { [ -n "${GPU_R:-}" ] || tar czf "$OUT/gpu.tgz" -C "$R" . 2>/dev/null; }
 trap pack EXIT
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -233,7 +235,8 @@ if has ragged; then
   for k in triton-varlen triton-decode sdpa-varlen flex-varlen sdpa-decode \
       docs/examples/fasterkernels_paged_adapter.py:attention_decode; do
     n=$(basename "${k%%:*}" .py)
-    job "ragged-$n" $(( ${RAGGED_MIN:-7} * 60 + 90 )) python3 -m flashcheck fuzz --kernel "$k" \
+    job "ragged-$n" $(( ${RAGGED_MIN:-7} * 60 + ${RAGGED_GRACE:-90} )) \
+      python3 -m flashcheck fuzz --kernel "$k" \
       --device cuda --minutes "${RAGGED_MIN:-7}" --seed "${FUZZ_SEED:-20261201}" --keep-going \
       --max-n 2048 --out "$R/ragged/$n"
   done
