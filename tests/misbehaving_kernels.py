@@ -16,6 +16,9 @@ them.
   but not bitwise repeatable.
 - :func:`compile_error_small_d`: raises a compiler-style error for every head dim below 16
   (the same root cause in every configuration).
+- :func:`hostile_output_large`: returns, for more than 8 query rows, a tensor subclass on
+  which every torch operation raises: the harness's own code raises on the output after the
+  kernel returned, which must still end in a kept case file (``harness_error``).
 - :func:`cuda_error_large`: raises the error torch raises after an illegal address, and from
   then on every call in that process raises it (a poisoned CUDA context), so the harness must
   replace the worker. On a CPU this is how the CUDA-error path is exercised.
@@ -59,6 +62,20 @@ def segv_large(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False
     if query.shape[-2] > _LARGE:
         os.kill(os.getpid(), signal.SIGSEGV)
     return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+
+class _Hostile(torch.Tensor):
+    """A tensor on which every torch operation (even reading .shape) raises."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        raise RuntimeError(f"hostile output: {getattr(func, '__name__', func)} refused")
+
+
+def hostile_output_large(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                         scale=None, enable_gqa=False):
+    out = _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return out.as_subclass(_Hostile) if query.shape[-2] > _LARGE else out
 
 
 def abort_large(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,

@@ -67,6 +67,7 @@ CAMPAIGNS = [
     # loaded CI machine does not turn a passing shrink candidate into a false timeout
     ("hang_large", "timeout", ["--minutes", "0.2", "--case-timeout", "2"], "timeout"),
     ("cuda_error_large", "cuda_error", ["--minutes", "0.5"], "cuda_error"),
+    ("hostile_output_large", "harness_error", ["--minutes", "0.5"], "harness_error"),
     ("first_use_wrong", "flaky", ["--minutes", "0.5"], None),
     ("random_wrong", "flaky", ["--minutes", "0.5"], None),
 ]
@@ -89,7 +90,7 @@ def test_campaign_keeps_the_failure_and_its_replay_fails_the_same_way(name, cls,
     assert not list((out / "inflight").glob("*.json"))  # nothing left in flight
     case, meta = load_case_file(files[0])
     assert meta["verdict"]["failure"] == cls
-    if cls in ("crashed", "timeout", "cuda_error"):
+    if cls in ("crashed", "timeout", "cuda_error", "harness_error"):
         # shrunk, every candidate in a fresh worker (a hang's shrink may be cut by the budget)
         assert case.Nq == 9 if cls != "timeout" else 8 < case.Nq <= 16
         assert meta["verdict"]["observations"]["exception"]["frame"].startswith(

@@ -28,8 +28,8 @@ dtype or device), ``masked_rows`` (a fully-masked query row's output is not 0),
 observation (``observations["subnormals_flushed"]``: count per tensor), not a failure. A
 ``raised`` verdict records ``observations["exception"]`` (type, message, innermost frame in
 the kernel's code) for root-cause deduplication. The supervised workers add ``crashed``,
-``timeout`` and ``cuda_error``, and ``fuzz`` adds ``flaky`` (verify/supervise.py,
-verify/fuzz.py).
+``timeout``, ``cuda_error`` and ``harness_error``, and ``fuzz`` adds ``flaky``
+(verify/supervise.py, verify/fuzz.py).
 
 :func:`check_nan_propagation` is a separate observation (reported, never failed): a NaN is
 put into one key (or query) element, and the rows that became NaN are compared with the

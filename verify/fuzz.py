@@ -14,8 +14,9 @@ failing verdict raises, Hypothesis shrinks it, and the final (shrunk) example is
   A campaign started in a DIR with in-flight files left by a killed one re-checks them first.
   Ctrl-C and SIGTERM keep what was found, including a failure being shrunk (the smallest
   case so far).
-- Shrinking a ``crashed`` / ``timeout`` / ``cuda_error`` failure runs every candidate in a
-  fresh worker (a crash may depend on what ran before in the process), at most
+- Shrinking a ``crashed`` / ``timeout`` / ``cuda_error`` / ``harness_error`` failure runs
+  every candidate in a fresh worker (a crash may depend on what ran before in the process),
+  at most
   :data:`MAX_FRESH_SHRINK` (:data:`MAX_TIMEOUT_SHRINK` for a hang) candidates.
 - Flaky is a failure. When the replay of a failing case disagrees with its first run (Hypothesis's
   final replay, or :data:`CONFIRM_RUNS` re-checks of the shrunk case), one ``flaky`` failure

@@ -9,10 +9,13 @@ crash, a timeout or a CUDA error that leaves the context unusable.
 Protocol (one pipe per worker, pickled tuples; a case is the :class:`~verify.cases.Case` or
 ``TensorCase`` dataclass, a verdict travels as ``Verdict.to_dict()``):
 
-- parent -> worker: ``("check", case, next_case)``, ``("caps", None)``, ``("stop", None)``;
+- parent -> worker: ``("check", case, next_case)``, ``("caps", None)``, ``("api", None)``,
+  ``("stop", None)``;
   ``next_case`` (or None) is drawn in a thread while ``case`` runs.
 - worker -> parent: ``("ready", info)`` or ``("spec_error", message)`` once; then
-  ``("verdict", verdict_dict, poisoned)``, ``("caps", dict)`` or ``("harness_error", text)``.
+  ``("verdict", verdict_dict, poisoned)``, ``("caps", dict)``, ``("api", name)`` or
+  ``("harness_error", text,
+  exception_info)`` (the case becomes a ``harness_error`` failure; the worker is replaced).
 
 What the parent makes of a worker that does not answer:
 
@@ -69,9 +72,10 @@ from multiprocessing.connection import wait as _wait_conns
 from pathlib import Path
 from typing import Any
 
-# Failure classes decided by the supervisor (a worker that did not answer) or the worker (a
-# CUDA error). Shrinking one of them runs every candidate in a fresh worker.
-CRASH_CLASSES = ("crashed", "timeout", "cuda_error")
+# Failure classes decided by the supervisor (a worker that did not answer, or one whose
+# harness raised: ``harness_error``) or the worker (a CUDA error). Written at once; shrinking
+# one of them runs every candidate in a fresh worker.
+CRASH_CLASSES = ("crashed", "timeout", "cuda_error", "harness_error")
 # Classes deduplicated by root cause (class, exception type, message without numbers,
 # innermost kernel frame) instead of by (class, worst tensor, configuration).
 ROOT_CAUSE_CLASSES = ("raised", *CRASH_CLASSES)
@@ -325,7 +329,13 @@ def _worker_main(conn, spec: str, device: str, threads: int | None, dump_path: s
                 return
         except Exception as e:
             if case is None or not _is_cuda_error(str(e)):
-                conn.send(("harness_error", traceback.format_exc()))
+                # A case the harness could not judge (a bug of ours, or a kernel output it
+                # cannot read): the parent keeps the case as a failure and replaces this
+                # worker, whose state is unknown from here on.
+                from flashcheck.verify.adapters import exception_info
+
+                conn.send(("harness_error", traceback.format_exc(),
+                           exception_info(e, kernel_source_root(kernel), "harness")))
                 continue
             # An asynchronous CUDA error of the kernel surfacing in a later harness call: the
             # case fails with it and the context is unusable.
@@ -749,12 +759,22 @@ class Supervisor:
             if verdict.failure in CRASH_CLASSES:
                 self._write_now(case, verdict)
             return verdict
-        if msg is not None and msg[0] == "harness_error":
-            w.state = "idle"
-            self._unlink(w.inflight)
-            raise SupervisorError(f"the harness raised inside a worker on {case.short()}:\n"
-                                  f"{msg[1].strip()}")
         verdict = Verdict(case=case, kernel=self.spec, device=self.device, status="fail")
+        if msg is not None and msg[0] == "harness_error":
+            # Kept like a crash: the case file is the failure, never a lost case.
+            exc = msg[2] if len(msg) > 2 else {"type": "?", "message": "", "frame": "?",
+                                               "where": "harness"}
+            verdict.failure = "harness_error"
+            verdict.reason = (f"the harness could not judge the case: {exc['type']}: "
+                              f"{exc['message']} (at {exc['frame']}); a flashcheck bug, or a "
+                              f"kernel output it cannot read")
+            verdict.timings = {"total": elapsed}
+            verdict.observations["exception"] = exc
+            verdict.observations["traceback"] = msg[1].strip()
+            self._kill(w)
+            self._write_now(case, verdict)
+            self._unlink(w.inflight)
+            return verdict
         if msg is None:
             why = w.exit_text()
             sig = w.signal_name()
