@@ -344,4 +344,6 @@ attention_decode.capabilities = {
     "not_run": {"cpu": {"bfloat16": BF16_INTERPRETER_REASON}} if INTERPRET else {},
     "page_sizes": PAGE_SIZES,
     "max_new_tokens": MAX_NEW_TOKENS,
+    # split-KV: its merge weights carry each split's lse rounding (the opt-in family member)
+    "family": ("split_kv",),
 }

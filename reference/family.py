@@ -12,8 +12,9 @@ each member, real kernels that make its choice.
   members only when Hq != Hkv; ``p_ds_fp32``, ``gqa_per_head_rounded`` and
   ``gqa_expand_autograd`` only below fp32 (for fp32 inputs they *are* the baseline);
   ``tf32`` and ``tf32_truncated`` only for fp32 inputs whose kernel declares TF32;
-  ``exp2_approx`` only for fp32
-  inputs. ``split_kv`` (a forward choice) applies to every dtype and problem.
+  ``exp2_approx`` only for fp32 inputs; the :data:`OPT_IN` members (``q_prescaled``,
+  ``q_exp2_prescaled``, ``split_kv``, ``bwd_scores_k16``) only when the kernel declares
+  them.
 - ``run_family(query, key, value, grad_out, ...)``: every member on the same inputs; per
   member the output and (with ``grad_out``) dq, dk, dv, exactly as
   ``online_attention(..., **kwargs)`` and autograd with that ``grad_out`` give them.
@@ -145,13 +146,21 @@ _GQA_MEMBERS = ("gqa_group_fp32", "gqa_per_head_rounded", "gqa_expand_autograd")
 _LOOP_KEYS = dict(block_m=128, block_n=128, order="fa2")
 
 
-# Members a kernel must declare (capabilities["family"]) to be judged against: rounding
-# Q·scale to the input dtype perturbs every score by up to u·|s|, which at large logits
-# (|s| ~ 1e4, bf16) changes the softmax itself: 180-360x the baseline's error on
-# dq/dk/out in the calibration case (bf16, D = 64, large_logits(1e4)). Included by
-# default, they would let a kernel that is wrong by that much pass every large-logit case;
-# a kernel that makes the choice says so, and is then judged by it.
-OPT_IN = ("q_prescaled", "q_exp2_prescaled")
+# Members a kernel must declare (capabilities["family"]) to be judged against, because in
+# one regime their error is orders above every other member's and, included by default,
+# they would let a kernel that wrong pass there; a kernel that makes the choice says so and
+# is then judged by it. Leave-one-out (scripts/calibrate_family.py --draws 1000 --seed 1,
+# docs/bounds-calibration.json):
+# - q_prescaled, q_exp2_prescaled: rounding Q·scale to the input dtype perturbs every score
+#   by up to u·|s|; at bf16 large logits (|s| ~ 1e4) 180-360x the baseline's error on
+#   dq/dk/out (bf16, D = 64, large_logits(1e4)).
+# - split_kv: the merge weights carry each split's lse rounded at |lse|, u·|lse| ~ 4e-3 at
+#   fp32 logits of 5e4, which the unsplit rescales cancel: 1.7e3x the other members' out
+#   error and 172x their dq there (split-KV decode kernels declare it; ours does).
+# - bwd_scores_k16: P = exp(S_bwd − lse) off by two roundings of scores at |s|: up to 18.6x
+#   the others' dv and 8.6x their dk on fp32 cases (PyTorch's CPU flash SDPA makes it; the
+#   sdpa-varlen peer declares it).
+OPT_IN = ("q_prescaled", "q_exp2_prescaled", "split_kv", "bwd_scores_k16")
 
 
 def family_members(dtype, *, gqa: bool, tf32: bool, declared=()) -> dict[str, dict]:

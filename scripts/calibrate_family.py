@@ -8,10 +8,14 @@ tolerance's yardstick. Its maximum over cases, per tensor, is the spread K must 
 
     OMP_NUM_THREADS=1 python scripts/calibrate_family.py --draws 200 --seed 0 --out F.json
 
-Writes per regime ("normal"; "subnormal": tiny inputs or dO) and tensor: the maximum
-leave-one-out ratio (max abs, and RMSE where the RMSE rule
-applies, n_eff >= N_EFF_MIN) with the member and case that set it, and per member its worst
-ratio to the rest.
+Every member runs, the opt-in ones (``OPT_IN``) too: a default member is compared with the
+other default ones (the spread K must cover), an opt-in one with all the default ones (how
+far above them it sits, the reason it is opt-in). Writes per regime ("normal";
+"subnormal": tiny inputs or dO; "floor": K_RULE x the other members' max error is below the
+floor, which then sets the tolerance) and tensor: the maximum
+leave-one-out ratio of the default members (max abs, and RMSE where the RMSE rule applies,
+n_eff >= N_EFF_MIN) with the member and case that set it, and per regime and member its
+worst ratio to the rest.
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ import sys
 import time
 
 import torch
-from flashcheck.reference.family import family_members, run_family
-from flashcheck.verify.bounds import N_EFF_MIN, effective_samples, error_model
+from flashcheck.reference.family import OPT_IN, family_members, run_family
+from flashcheck.verify.bounds import K_RULE, N_EFF_MIN, effective_samples, error_model
 from flashcheck.verify.cases import Case
 from flashcheck.verify.check import GRADS, _allowed_bias, _reference, _sdpa_kwargs
 from flashcheck.verify.metrics import abs_error
@@ -36,7 +40,8 @@ from hypothesis import seed as hseed
 def member_errors(case: Case) -> dict | None:
     inp = case.materialize("cpu")
     ref = _reference(inp.clone(), case.backward)
-    members = family_members(case.torch_dtype, gqa=case.Hq != case.Hkv, tf32=case.tf32)
+    members = family_members(case.torch_dtype, gqa=case.Hq != case.Hkv, tf32=case.tf32,
+                             declared=OPT_IN)
     kw = _sdpa_kwargs(inp)
     mask = kw.pop("attn_mask")
     res = run_family(inp.query, inp.key, inp.value, inp.grad_out if case.backward else None,
@@ -51,8 +56,9 @@ def member_errors(case: Case) -> dict | None:
         if not next(iter(errs.values())).numel():
             continue
         n_eff = effective_samples(errs["fa2_128"], model[n].n_sources)
-        out[n] = {"n_eff": n_eff, **{m: (float(e.max()), float(e.pow(2).mean().sqrt()))
-                                     for m, e in errs.items()}}
+        out[n] = {"n_eff": n_eff, "floor": float(model[n].floor.max()),
+                  **{m: (float(e.max()), float(e.pow(2).mean().sqrt()))
+                     for m, e in errs.items()}}
     return out
 
 
@@ -86,25 +92,36 @@ def main() -> int:
         for n, d in errs.items():
             # The flush-to-zero member is judged per element where it flushes (verify/bounds.py),
             # not by its tensor-wide error: it is left out of the spread.
-            names = [m for m in d if m not in ("n_eff", "ftz")]
-            if len(names) < 2:
+            names = [m for m in d if m not in ("n_eff", "floor", "ftz")]
+            default = [m for m in names if m not in OPT_IN]
+            if len(default) < 2:
                 continue
             for m in names:
-                rest_abs = max(d[o][0] for o in names if o != m)
-                rest_rms = max(d[o][1] for o in names if o != m)
+                # a default member against the other default ones; an opt-in one against
+                # all the default ones (how far above them it sits)
+                rest = [o for o in default if o != m]
+                rest_abs = max(d[o][0] for o in rest)
+                rest_rms = max(d[o][1] for o in rest)
                 ra = d[m][0] / rest_abs if rest_abs > 0 else (math.inf if d[m][0] > 0 else 0)
                 rr = (d[m][1] / rest_rms if rest_rms > 0 else 0) if d["n_eff"] >= N_EFF_MIN \
                     else 0.0
                 # Tiny inputs or dO put results in the subnormal range, where one rounding is
                 # a large relative error and members differ by whole spacings: kept apart.
-                regime = "subnormal" if "tiny" in c.short() else "normal"
+                # Where K x the other members' error is below the floor, the floor sets the
+                # tolerance and K plays no part (e.g. one key per row: the others are exact
+                # and fa2_cuda_softmax's P of the max key is 1 +- u): kept apart too.
+                regime = ("subnormal" if "tiny" in c.short() else
+                          "floor" if K_RULE[n] * rest_abs <= d["floor"] else "normal")
                 w = worst.setdefault(regime, {}).setdefault(
                     n, {"abs": (0, "", ""), "rms": (0, "", "")})
-                if ra > w["abs"][0] and math.isfinite(ra):
+                if m in OPT_IN:
+                    pass  # not part of the default spread K covers
+                elif ra > w["abs"][0] and math.isfinite(ra):
                     w["abs"] = (ra, m, c.short())
-                if rr > w["rms"][0]:
+                if m not in OPT_IN and rr > w["rms"][0]:
                     w["rms"] = (rr, m, c.short())
-                pm = per_member.setdefault(m, {}).setdefault(n, [0.0, "", 0.0, ""])
+                pm = per_member.setdefault(regime, {}).setdefault(m, {}).setdefault(
+                    n, [0.0, "", 0.0, ""])
                 if math.isfinite(ra) and ra > pm[0]:
                     pm[0], pm[1] = ra, c.short()
                 if rr > pm[2]:

@@ -542,13 +542,21 @@ def test_kv_splits_one_bit_identical_to_previous_code(kw, dtype, block_m, block_
         assert _same(a, b)
 
 
-def test_split_kv_member_applies_everywhere_and_splits_short_sequences():
-    from flashcheck.reference.online import split_chunks
-
+@pytest.mark.parametrize("member", ["split_kv", "bwd_scores_k16"])
+def test_far_members_are_opt_in(member):
+    """split_kv and bwd_scores_k16 sit orders above the rest in one regime (fp32 large
+    logits; reference/family.py OPT_IN): judged against only when the kernel declares them,
+    then for every dtype, GQA or not."""
     for dt in ("float16", "bfloat16", "float32", "float64"):
         for gqa in (False, True):
             for tf32 in (False, True):
-                assert "split_kv" in family_members(dt, gqa=gqa, tf32=tf32)
+                assert member not in family_members(dt, gqa=gqa, tf32=tf32)
+                assert member in family_members(dt, gqa=gqa, tf32=tf32, declared=(member,))
+
+
+def test_split_kv_member_splits_short_sequences():
+    from flashcheck.reference.online import split_chunks
+
     kw = FAMILY["split_kv"]
     # The CPU suite's few dozen keys split: 2 non-empty runs from 17 keys, 4 from 49.
     runs = {nk: sum(len(r) > 0 for r in split_chunks(-(-nk // kw["block_n"]), kw["kv_splits"]))

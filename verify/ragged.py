@@ -375,6 +375,9 @@ def peer(name: str, device: str):
         return fn
     fn = sdpa_varlen if name == "sdpa-varlen" else _flex_varlen(device)
     fn.capabilities = {"api": "varlen", "gqa": True,
+                       # PyTorch's CPU flash SDPA recomputes the backward's scores with its
+                       # own GEMM blocking (the opt-in family member)
+                       **({"family": ("bwd_scores_k16",)} if name == "sdpa-varlen" else {}),
                        # FlexAttention has no backward on the CPU
                        "backward": name == "sdpa-varlen" or not str(device).startswith("cpu"),
                        "extensions": ("window", "causal_alignment")}

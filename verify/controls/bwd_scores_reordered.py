@@ -7,15 +7,19 @@ in each pass). P then carries the difference of the two roundings, about u·|s| 
 no longer sums to exactly 1 per row; at large logits (|s| ~ 1e4 in fp32) that is ~1e-3,
 which dV and dK inherit. Here the backward sums the head dim in steps of 8, one matmul per
 step added in order in fp32 (the family member ``bwd_scores_k16`` uses steps of 16); the
-forward is the blocked base's. Its own code on the base's hooks. Correct.
+forward is the blocked base's. The member is opt-in, declared here (``capabilities["family"]``).
+Its own code on the base's hooks. Correct.
 """
 
 from flashcheck.verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.mutants._common import full_capabilities
 
 _STEP = 8  # not the member's 16: an independent order
 
 
 class _BackwardScoresReordered(BlockedAttention):
+    # an opt-in member (reference/family.py OPT_IN): the kernel that makes the choice says so
+    capabilities = full_capabilities(family=("bwd_scores_k16",))
     _backward = False
 
     def logits(self, q, k_tile, bias, scale, dtype):

@@ -13,14 +13,18 @@ roundings of every lse_s, which the unsplit kernel's rescales cancel. Here: key 
 3 splits of ceil(tiles / 3) whole tiles each (a split with no allowed key has lse = -inf and
 weight 0; a row with none at all gives 0 and lse = -inf). Its own code on the blocked base's
 hooks, not reference.online_attention; the family member ``split_kv`` (4 splits) makes the
-same choice. Backward: the base's FA2 backward from the merged O and lse. Correct.
+same choice, and is opt-in: this kernel declares it (``capabilities["family"]``). Backward:
+the base's FA2 backward from the merged O and lse. Correct.
 """
 
 import torch
 from flashcheck.verify.mutants._blocked import NEG_INF, BlockedAttention
+from flashcheck.verify.mutants._common import full_capabilities
 
 
 class _SplitKV(BlockedAttention):
+    # an opt-in member (reference/family.py OPT_IN): the kernel that splits says so
+    capabilities = full_capabilities(family=("split_kv",))
     num_splits = 3
 
     def _split_forward(self, qf, kf, vf, allowed, bias, tiles, p, dtype):
