@@ -5,7 +5,9 @@ equivalent's mask is, sequence by sequence, the rule of the API; the paged cache
 key where the block table says and garbage everywhere else; a case file round-trips; the
 PyTorch peers pass and the catalogue's ragged bases are as good as a correct kernel; the
 command line runs, refuses a contradictory ``--api``, and a ragged campaign's failure replays
-from its case file. Our Triton kernels under the whole harness: ``test_ragged_kernels_*``.
+from its case file. Our Triton kernels under the whole harness (a 60-example campaign each,
+~115 s and ~50 s here) run in CI's ``tox -e controls`` beside the controls campaign, so this
+suite stays inside its 10 minutes; tests/test_kernel_ragged.py checks them directly.
 """
 
 from __future__ import annotations
@@ -194,16 +196,6 @@ def test_ragged_mutant_campaign_keeps_a_case_that_replays(tmp_path, capsys):
     assert cli.main(["repro", str(files[0]), "--kernel", spec, "--device", "cpu"]) == 1
     assert cli.main(["repro", str(files[0]), "--kernel", spec, "--device", "cpu", "--api",
                      "varlen"]) == 2
-
-
-@pytest.mark.long
-@pytest.mark.parametrize("api", ["varlen", "decode"])
-def test_ragged_kernels_pass_a_campaign(api, tmp_path, device):
-    """The issue's acceptance: our Triton kernel of each API passes a 60-example campaign
-    (on the CPU under the interpreter: fp16/fp32; ~95 s varlen with gradients, ~40 s decode)."""
-    rc = cli.main(["fuzz", "--api", api, "--kernel", f"triton-{api}", "--device", device,
-                   "--examples", "60", "--seed", "5", "--out", str(tmp_path), "--quiet"])
-    assert rc == 0, sorted(p.name for p in (tmp_path / "failures").glob("*.json"))
 
 
 def test_cpu_flash_sdpa_per_sequence_passes_at_large_logits():
