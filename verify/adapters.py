@@ -59,6 +59,8 @@ from flashcheck.verify.capabilities import (
     probe_shape,
 )
 from flashcheck.verify.cases import Case, Inputs
+from flashcheck.verify.ragged import call_ragged
+from flashcheck.verify.ragged import peer as ragged_peer
 
 __all__ = [
     "BUILTINS", "SpecError", "Kernel", "resolve_kernel", "as_kernel", "describe_exception",
@@ -316,9 +318,7 @@ def _builtin(name: str, device: str) -> Callable:
     if name in ("triton-varlen", "triton-decode"):
         return _triton("attention_" + name.removeprefix("triton-"), name)
     if name in RAGGED_BUILTINS:
-        from flashcheck.verify import ragged
-
-        return ragged.peer(name, device)
+        return ragged_peer(name, device)
     return _flex_kernel(device)
 
 
@@ -698,8 +698,6 @@ class Kernel:
     def call(self, inputs: Inputs):
         """Run the kernel on ``inputs``; returns (out, lse or None)."""
         if inputs.api_args is not None:
-            from flashcheck.verify.ragged import call_ragged
-
             return call_ragged(self.fn, inputs)
         args, kw = self.arguments(inputs)
         res = self.fn(*args, **kw)

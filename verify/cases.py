@@ -63,6 +63,13 @@ from flashcheck.verify.distributions import (
     short_dist,
     stream,
 )
+from flashcheck.verify.ragged import (
+    api_args,
+    config_part,
+    normalize_ragged,
+    ragged_mask,
+    short_ragged,
+)
 
 __all__ = [
     "CASE_VERSION", "DTYPES", "LAYOUTS", "MASK_KINDS", "DIST_KINDS", "GRAD_DIST_KINDS",
@@ -291,8 +298,6 @@ def _build_mask(case: Case) -> torch.Tensor | None:
     depend on the CPU's instruction set.
     """
     if case.api != "dense":
-        from flashcheck.verify.ragged import ragged_mask
-
         return ragged_mask(case)
     m = case.mask
     kind = m["kind"]
@@ -429,8 +434,6 @@ class Case:
         object.__setattr__(
             self, "grad_dist", normalize_dist(self.grad_dist, field="grad_dist", grad=True)
         )
-        from flashcheck.verify.ragged import normalize_ragged
-
         object.__setattr__(self, "ragged", normalize_ragged(self.api, self.ragged, self))
 
     # -- derived --------------------------------------------------------------------------
@@ -458,7 +461,7 @@ class Case:
             "mask": self.mask["kind"],
             "dist": self.dist["kind"],
             "gqa": _gqa_kind(self.Hq, self.Hkv),
-            **({} if self.api == "dense" else {"api": _ragged_config(self)}),
+            **({} if self.api == "dense" else {"api": config_part(self)}),
         }
 
     def short(self) -> str:
@@ -472,8 +475,6 @@ class Case:
             f"D{self.D}",
         ]
         if self.api != "dense":
-            from flashcheck.verify.ragged import short_ragged
-
             # varlen: the sequences replace B, Nq, Nk; decode: the cache lengths replace Nk
             keep = (0, 2) if self.api == "varlen" else (0, 1, 2, 3)
             parts = [parts[i] for i in keep] + [short_ragged(self), parts[5]]
@@ -572,36 +573,22 @@ class Case:
     def place(self, drawn: dict[str, torch.Tensor | None], device="cpu") -> Inputs:
         """Lay :meth:`draw`'s tensors out on ``device`` as the case's layout asks."""
         mask = drawn["attn_mask"]
-        if self.api != "dense":
-            from flashcheck.verify.ragged import api_args
-
-            # The oracles see the dense equivalent: its structure is all in the mask.
-            return Inputs(
-                query=_lay_out(drawn["query"], self.layout, device),
-                key=_lay_out(drawn["key"], self.layout, device),
-                value=_lay_out(drawn["value"], self.layout, device),
-                attn_mask=mask.to(device), grad_out=_lay_out(drawn["grad_out"], self.layout,
-                                                             device),
-                scale=self.scale, enable_gqa=self.enable_gqa,
-                api_args=api_args(self, device))
+        # A varlen/decode case: the oracles see the dense equivalent, whose structure is all
+        # in the mask; the kernel gets its own arguments (verify/ragged.py).
+        dense = self.api == "dense"
         return Inputs(
             query=_lay_out(drawn["query"], self.layout, device),
             key=_lay_out(drawn["key"], self.layout, device),
             value=_lay_out(drawn["value"], self.layout, device),
             attn_mask=None if mask is None else mask.to(device),
             grad_out=_lay_out(drawn["grad_out"], self.layout, device),
-            is_causal=self.is_causal,
-            causal_alignment=self.causal_alignment,
-            window=self.window,
+            is_causal=self.is_causal and dense,
+            causal_alignment=self.causal_alignment if dense else "top_left",
+            window=self.window if dense else None,
             scale=self.scale,
             enable_gqa=self.enable_gqa,
+            api_args=None if dense else api_args(self, device),
         )
-
-
-def _ragged_config(case: Case) -> str:
-    from flashcheck.verify.ragged import config_part
-
-    return config_part(case)
 
 
 def _short_val(v) -> str:

@@ -39,10 +39,11 @@ the sequence's start with a different tile boundary, a member choice the family 
 from __future__ import annotations
 
 import torch
+from flashcheck.verify.distributions import stream
 
 __all__ = ["APIS", "RAGGED_APIS", "MAX_NEW_TOKENS", "normalize_ragged", "ragged_mask",
            "api_args", "call_ragged", "short_ragged", "max_seqlens", "paged_cache",
-           "config_part"]
+           "config_part", "document_mask"]
 
 APIS = ("dense", "varlen", "decode")
 RAGGED_APIS = ("varlen", "decode")
@@ -154,25 +155,30 @@ def _cu(lens: list[int]) -> torch.Tensor:
     return out
 
 
-def ragged_mask(case) -> torch.Tensor:
-    """The dense equivalent's bool mask on the CPU (module docstring)."""
+def document_mask(lens_q, lens_k, *, is_causal, causal_alignment, window,
+                  device="cpu") -> torch.Tensor:
+    """The (Σ lens_q, Σ lens_k) bool mask of packed sequences: block-diagonal, sequence b's
+    block its own causal/window rule (``structural_mask`` with its Lq, Lk)."""
     from flashcheck.reference.masks import structural_mask
 
+    mask = torch.zeros(sum(lens_q), sum(lens_k), dtype=torch.bool, device=device)
+    q0 = k0 = 0
+    for lq, lk in zip(lens_q, lens_k, strict=True):
+        if lq and lk:
+            mask[q0:q0 + lq, k0:k0 + lk] = structural_mask(
+                lq, lk, is_causal=is_causal, causal_alignment=causal_alignment,
+                window=window, device=device)
+        q0, k0 = q0 + lq, k0 + lk
+    return mask
+
+
+def ragged_mask(case) -> torch.Tensor:
+    """The dense equivalent's bool mask on the CPU (module docstring)."""
     r = case.ragged
     if case.api == "varlen":
-        mask = torch.zeros(1, 1, case.Nq, case.Nk, dtype=torch.bool)
-        q0 = k0 = 0
-        for lq, lk in zip(r["seqlens_q"], r["seqlens_k"], strict=True):
-            if lq and lk:
-                if case.is_causal or case.window is not None:
-                    block = structural_mask(lq, lk, is_causal=case.is_causal,
-                                            causal_alignment=case.causal_alignment,
-                                            window=case.window, device="cpu")
-                else:
-                    block = torch.ones(lq, lk, dtype=torch.bool)
-                mask[0, 0, q0:q0 + lq, k0:k0 + lk] = block
-            q0, k0 = q0 + lq, k0 + lk
-        return mask
+        return document_mask(r["seqlens_q"], r["seqlens_k"], is_causal=case.is_causal,
+                             causal_alignment=case.causal_alignment,
+                             window=case.window)[None, None]
     lens = torch.tensor(r["cache_seqlens"], dtype=torch.long)
     pos = lens[:, None] - case.Nq + torch.arange(case.Nq)[None, :]  # (B, Nq)
     return (torch.arange(case.Nk)[None, None, :] <= pos[:, :, None])[:, None]
@@ -180,8 +186,6 @@ def ragged_mask(case) -> torch.Tensor:
 
 def _pages(case) -> tuple[torch.Tensor, int]:
     """The block table (B, max_blocks) int32 and the pool size, drawn from the case seed."""
-    from flashcheck.verify.distributions import stream
-
     r = case.ragged
     page = r["page_size"]
     need = [-(-n // page) for n in r["cache_seqlens"]]
@@ -208,30 +212,28 @@ def api_args(case, device) -> dict:
                 "max_seqlen_q": max(r["seqlens_q"]), "max_seqlen_k": max(r["seqlens_k"]),
                 "is_causal": case.is_causal, "causal_alignment": case.causal_alignment,
                 "window": case.window}
-    from flashcheck.verify.distributions import stream
-
     table, pool = _pages(case)
+    page = r["page_size"]
     g = stream(case.seed, "cache_garbage")
-    shape = (pool, r["page_size"], case.Hkv, case.D)
+    shape = (pool, page, case.Hkv, case.D)
     garbage = [(torch.randn(shape, generator=g, dtype=torch.float64) * GARBAGE_SCALE)
                .to(case.torch_dtype).to(device) for _ in range(2)]
-    return {"api": "decode", "cache_seqlens": torch.tensor(r["cache_seqlens"],
-                                                           dtype=torch.int32).to(device),
-            "block_table": table.to(device), "page_size": r["page_size"],
-            "garbage": garbage}
+    # Where key j of sequence b lives in the pool, as a flat slot (block·page + offset), for
+    # the keys that exist (``valid``, (B, Nk)): one scatter builds a cache (paged_cache).
+    lens = torch.tensor(r["cache_seqlens"], dtype=torch.int32)
+    j = torch.arange(case.Nk)
+    valid = j[None, :] < lens[:, None]
+    slots = (table.long()[:, j // page] * page + j % page)[valid]
+    return {"api": "decode", "cache_seqlens": lens.to(device),
+            "block_table": table.to(device), "page_size": page, "garbage": garbage,
+            "valid": valid.to(device), "slots": slots.to(device)}
 
 
 def paged_cache(dense: torch.Tensor, args: dict, which: int) -> torch.Tensor:
     """Scatter dense keys (``which`` 0) or values (1), (B, Hkv, Nk, D), into a copy of their
     garbage pool (num_blocks, page_size, Hkv, D) by the block table."""
-    page = args["page_size"]
     pool = args["garbage"][which].clone()
-    lens = args["cache_seqlens"].tolist()
-    table = args["block_table"].tolist()
-    for b, n in enumerate(lens):
-        for j in range(-(-n // page)):
-            lo, hi = j * page, min(n, (j + 1) * page)
-            pool[table[b][j], : hi - lo] = dense[b, :, lo:hi].transpose(0, 1)
+    pool.view(-1, *pool.shape[2:])[args["slots"]] = dense.transpose(1, 2)[args["valid"]]
     return pool
 
 
@@ -308,15 +310,15 @@ def sdpa_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max
             continue
         k, v = (t[ck[b]:ck[b + 1]].transpose(0, 1).unsqueeze(0) for t in (key, value))
         allowed = structural_mask(lq, lk, is_causal=is_causal, causal_alignment=causal_alignment,
-                                  window=window, device=query.device) if (
-            is_causal or window is not None) else torch.ones(lq, lk, dtype=torch.bool,
-                                                             device=query.device)
+                                  window=window, device=query.device)
         outs.append(_sdpa_masked(q, k, v, allowed, scale)[0].transpose(0, 1))
     return torch.cat(outs) if outs else query[:0].clone()
 
 
 def sdpa_decode(query, k_cache, v_cache, cache_seqlens, block_table, *, scale=None):
     """The decode API as one SDPA call per sequence on its keys gathered from the pages."""
+    from flashcheck.reference.masks import structural_mask
+
     page = k_cache.shape[1]
     nq = query.shape[1]
     outs = []
@@ -324,15 +326,15 @@ def sdpa_decode(query, k_cache, v_cache, cache_seqlens, block_table, *, scale=No
         blocks = block_table[b, : -(-n // page)].long()
         k, v = (c[blocks].flatten(0, 1)[:n].transpose(0, 1).unsqueeze(0)
                 for c in (k_cache, v_cache))
-        pos = n - nq + torch.arange(nq, device=query.device)
-        allowed = torch.arange(n, device=query.device)[None, :] <= pos[:, None]
+        # query i at position n - nq + i: causal, bottom-right aligned
+        allowed = structural_mask(nq, n, is_causal=True, causal_alignment="bottom_right",
+                                  device=query.device)
         outs.append(_sdpa_masked(query[b].transpose(0, 1).unsqueeze(0), k, v, allowed,
                                  scale)[0].transpose(0, 1))
     return torch.stack(outs)
 
 
 def _flex_varlen(device: str):
-    from flashcheck.reference.masks import structural_mask
     from torch.nn.attention.flex_attention import flex_attention
 
     run = torch.compile(flex_attention, dynamic=False) if str(device).startswith("cuda") \
@@ -343,17 +345,11 @@ def _flex_varlen(device: str):
                     causal_alignment="top_left"):
         """FlexAttention over the packed tokens, B = 1, a document mask as an additive
         score_mod bias (one document id per token, and each document's causal/window rule)."""
-        cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-        tq, tk = query.shape[0], key.shape[0]
-        allowed = torch.zeros(tq, tk, dtype=torch.bool, device=query.device)
-        for b in range(len(cq) - 1):
-            lq, lk = cq[b + 1] - cq[b], ck[b + 1] - ck[b]
-            if lq and lk:
-                allowed[cq[b]:cq[b + 1], ck[b]:ck[b + 1]] = structural_mask(
-                    lq, lk, is_causal=is_causal, causal_alignment=causal_alignment,
-                    window=window, device=query.device) if (
-                    is_causal or window is not None) else True
-        bias = torch.zeros(tq, tk, dtype=torch.float32, device=query.device).masked_fill(
+        lens_q, lens_k = (c.diff().tolist() for c in (cu_seqlens_q, cu_seqlens_k))
+        allowed = document_mask(lens_q, lens_k, is_causal=is_causal,
+                                causal_alignment=causal_alignment, window=window,
+                                device=query.device)
+        bias = torch.zeros(allowed.shape, dtype=torch.float32, device=query.device).masked_fill(
             ~allowed, -float("inf"))
 
         def score_mod(score, b, h, q_idx, kv_idx):

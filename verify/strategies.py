@@ -296,7 +296,6 @@ def _draw_ragged(draw, *, api, dtypes, max_n, head_dim, max_heads, features, bac
     D = draw(head_dim)
     Hq, Hkv = _heads(draw, f, max_heads)
     n = draw(st.integers(1, _MAX_SEQS))
-    kw: dict = {}
     if api == "varlen":
         lq = _lengths(draw, n, max_n, 0)
         lk = lq if not ("uneven_n" in f and draw(st.booleans())) else _lengths(draw, n, max_n, 0)

@@ -57,8 +57,6 @@ class VarlenAttention:
         return cq[b]
 
     def structure(self, lq, lk, *, q0, k0, is_causal, causal_alignment, window, device):
-        if not (is_causal or window is not None):
-            return torch.ones(lq, lk, dtype=torch.bool, device=device)
         return structural_mask(lq, lk, is_causal=is_causal, causal_alignment=causal_alignment,
                                window=window, device=device)
 
