@@ -113,16 +113,20 @@ def settle_device(requested: str | None) -> str:
 # ------------------------------------------------------------------------------- commands
 
 
-def settle_api(args: argparse.Namespace, device: str) -> str:
-    """The plug-in API of ``--kernel`` (its declared capabilities['api'], read in a
-    supervised worker); a ``--api`` that contradicts it is a usage error."""
-    from flashcheck.verify.supervise import Supervisor
+def command_supervisor(args: argparse.Namespace, device: str, out: Path):
+    """The supervised workers of a ``run`` or ``gate`` command (``sweep.run_cases``'s, made
+    first so that its first worker also answers ``settle_api``)."""
+    from flashcheck.verify.sweep import supervisor_for
 
-    sup = Supervisor(args.kernel, device)
-    try:
-        api = sup.api()
-    finally:
-        sup.close()
+    return supervisor_for(args.kernel, device, jobs=args.jobs, case_timeout=args.case_timeout,
+                          failures_dir=out / "failures",
+                          strict_subnormals=args.strict_subnormals)
+
+
+def settle_api(args: argparse.Namespace, sup) -> str:
+    """The plug-in API of ``--kernel`` (its declared capabilities['api'], read in the
+    supervised worker ``sup``); a ``--api`` that contradicts it is a usage error."""
+    api = sup.api()
     if args.api is not None and args.api != api:
         raise UsageError(f"--api {args.api}: the kernel {args.kernel!r} declares the {api} API "
                          f"(capabilities['api']; a kernel of the {args.api} API declares "
@@ -139,13 +143,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     from flashcheck.verify.sweep import run_cases
 
     out = Path(args.out)
-    sweep = fixed_sweep(profile, settle_api(args, device))
     # The kernel is resolved and run only inside supervised workers (verify/supervise.py).
-    records = run_cases(None, sweep, device, kernel_spec=args.kernel,
-                        failures_dir=out / "failures", what=f"run[{profile}]",
-                        quiet=args.quiet, budget_s=args.budget_s, jobs=args.jobs,
-                        case_timeout=args.case_timeout,
-                        strict_subnormals=args.strict_subnormals)
+    with command_supervisor(args, device, out) as sup:
+        sweep = fixed_sweep(profile, settle_api(args, sup))
+        records = run_cases(None, sweep, device, kernel_spec=args.kernel,
+                            failures_dir=out / "failures", what=f"run[{profile}]",
+                            quiet=args.quiet, budget_s=args.budget_s, jobs=args.jobs,
+                            case_timeout=args.case_timeout,
+                            strict_subnormals=args.strict_subnormals, supervisor=sup)
     header = R.make_header(kernel=args.kernel, device=device, command=args.argv,
                            profile=profile)
     rep = R.build_report(records, header=header)
@@ -202,19 +207,22 @@ def cmd_gate(args: argparse.Namespace) -> int:
     device = settle_device(args.device)
     profile = "gpu" if device == "cuda" else "cpu"
     model = gate.device_model(device)
-    api = settle_api(args, device)
-    budgets = Path(args.budgets) if args.budgets else gate.default_budgets_path(args.kernel,
-                                                                                profile, model)
-    if not args.update and not budgets.exists():
-        raise UsageError(f"--budgets {budgets}: no such file: no budgets for this device "
-                         f"({model}); create them with 'flashcheck gate --update --kernel "
-                         f"{args.kernel} --device {device}' and commit the file")
-    corpus = Path(args.corpus) if args.corpus else gate.default_corpus()
-    return gate.run_gate(None, kernel_spec=args.kernel, device=device, profile=profile,
-                         budgets_path=budgets, corpus=corpus, update=args.update,
-                         out=Path(args.out), quiet=args.quiet, command=args.argv,
-                         jobs=args.jobs, case_timeout=args.case_timeout, model=model,
-                         strict_subnormals=args.strict_subnormals, api=api)
+    out = Path(args.out)
+    with command_supervisor(args, device, out) as sup:
+        api = settle_api(args, sup)
+        budgets = Path(args.budgets) if args.budgets else gate.default_budgets_path(
+            args.kernel, profile, model)
+        if not args.update and not budgets.exists():
+            raise UsageError(f"--budgets {budgets}: no such file: no budgets for this device "
+                             f"({model}); create them with 'flashcheck gate --update --kernel "
+                             f"{args.kernel} --device {device}' and commit the file")
+        corpus = Path(args.corpus) if args.corpus else gate.default_corpus()
+        return gate.run_gate(None, kernel_spec=args.kernel, device=device, profile=profile,
+                             budgets_path=budgets, corpus=corpus, update=args.update,
+                             out=out, quiet=args.quiet, command=args.argv, jobs=args.jobs,
+                             case_timeout=args.case_timeout, model=model,
+                             strict_subnormals=args.strict_subnormals, api=api,
+                             supervisor=sup)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -257,7 +257,8 @@ def run_gate(kernel: Any, *, kernel_spec: str, device: str, profile: str, budget
              corpus: Path, update: bool, out: Path, quiet: bool = False,
              command: list[str] | None = None, jobs: int = 1, model: str = "cpu",
              case_timeout: float | None = None, strict_subnormals: bool = False,
-             api: str = "dense") -> int:
+             api: str = "dense", supervisor: Any | None = None) -> int:
+    """The gate (module docstring); ``supervisor``: run the cases in it (``run_cases``)."""
     from flashcheck.verify.sweep import run_cases
 
     budgets = None if update and not budgets_path.exists() else load_budgets(budgets_path)
@@ -267,7 +268,7 @@ def run_gate(kernel: Any, *, kernel_spec: str, device: str, profile: str, budget
     records = run_cases(kernel, cases, device, kernel_spec=kernel_spec,
                         failures_dir=out / "failures", what=f"gate[{profile}]", quiet=quiet,
                         jobs=jobs, case_timeout=case_timeout,
-                        strict_subnormals=strict_subnormals)
+                        strict_subnormals=strict_subnormals, supervisor=supervisor)
     for rec, key in zip(records, keys, strict=True):
         if key is not None:
             rec["config"] = key

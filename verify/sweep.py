@@ -88,6 +88,27 @@ def write_failure(out_dir: str | Path, case: Any, verdict: Any, *, kernel_spec: 
     return path
 
 
+def supervisor_for(kernel_spec: str, device: str, *, jobs: int = 1,
+                   case_timeout: float | None = None, failures_dir: str | Path | None = None,
+                   strict_subnormals: bool = False) -> Any:
+    """The :class:`~verify.supervise.Supervisor` that :func:`run_cases` starts for ``jobs``
+    workers (not started yet): with several, the cores are shared out between them (see
+    verify/supervise.py). A caller that needs the kernel's worker before the cases (its
+    declared API) makes it here and passes it to ``run_cases``."""
+    from flashcheck.verify.supervise import Supervisor
+
+    threads = None
+    if jobs > 1:
+        import os
+
+        import torch
+
+        threads = max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) // jobs))
+    return Supervisor(kernel_spec, device, case_timeout=case_timeout,
+                      failures_dir=failures_dir, threads=threads,
+                      strict_subnormals=strict_subnormals)
+
+
 def run_cases(kernel: Any, cases: Iterable[Any], device: str, *, kernel_spec: str,
               failures_dir: str | Path | None, what: str = "cases",
               quiet: bool = False, budget_s: float | None = None,
@@ -119,8 +140,6 @@ def run_cases(kernel: Any, cases: Iterable[Any], device: str, *, kernel_spec: st
     import signal
     import time
 
-    from flashcheck.verify.supervise import Supervisor
-
     if not (isinstance(jobs, int) and jobs >= 1):
         raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
     cases = list(cases)
@@ -138,20 +157,12 @@ def run_cases(kernel: Any, cases: Iterable[Any], device: str, *, kernel_spec: st
 
     results: dict[int, Any] = {}
     stop_reason = None
-    threads = None
-    if jobs > 1:
-        import os
-
-        import torch
-
-        # The cores are shared out between the workers (see verify/supervise.py).
-        threads = max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) // jobs))
     try:
         own = supervisor is None
         with Progress(what, len(cases), quiet=quiet) as bar, \
-                (Supervisor(kernel_spec, device, case_timeout=case_timeout,
-                            failures_dir=failures_dir, threads=threads,
-                            strict_subnormals=strict_subnormals) if own
+                (supervisor_for(kernel_spec, device, jobs=jobs, case_timeout=case_timeout,
+                                failures_dir=failures_dir,
+                                strict_subnormals=strict_subnormals) if own
                  else contextlib.nullcontext(supervisor)) as sup:
             if cases:
                 sup.start()
