@@ -39,11 +39,17 @@
 #                                         (FAMILY_TP=0: no throughput; FAMILY_MUTANTS=0: no
 #                                         mutants; FUZZ_GRACE: seconds past
 #                                         FUZZ_MIN before a campaign is stopped, default 150)
-#   bash scripts/gpu/session.sh ragged    the varlen and decode APIs: bench_ragged.py (ours beside
-#                                         flex, SDPA per sequence, fasterkernels' paged decode),
-#                                         then side by side a --keep-going fuzz campaign each on
+#   bash scripts/gpu/session.sh benchragged  bench_ragged.py alone on the GPU: the varlen and
+#                                         decode kernels beside flex, SDPA per sequence and
+#                                         fasterkernels' paged decode (BENCH_RAGGED_ARGS=--quick)
+#   bash scripts/gpu/session.sh ragged    side by side, a --keep-going fuzz campaign each on
 #                                         triton-varlen, triton-decode, their PyTorch peers and the
 #                                         fasterkernels paged adapter (RAGGED_MIN minutes)
+#   bash scripts/gpu/session.sh scale     `flashcheck fuzz --workers N` for N in SCALE_N (default
+#                                         "1 2 4 8 16") on each of SCALE_KERNELS (default
+#                                         sdpa-math), SCALE_S seconds each (default 30), then
+#                                         examples/s of every run so far in scale.json;
+#                                         SCALE_COLD=1: each run starts from an empty Triton cache
 # Several phases may share one call (session.sh throughput peers); they run in this file's order.
 set -uo pipefail
 : "${1:?phase}"
@@ -65,7 +71,7 @@ R=${GPU_R:-$PWD/gpu_out}; mkdir -p "$R" "$TRITON_CACHE_DIR"
 T0=$(date +%s)
 el() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 job() { local name=$1 t=$2; shift 2; ( timeout -s TERM "$t" "$@" > "$R/$name.log" 2>&1; echo "exit=$?" >> "$R/$name.log" ) & }
-pack() { [ -n "${GPU_R:-}" ] || tar czf "$OUT/gpu.tgz" -C "$R" . 2>/dev/null; }
+pack() { [ -n "${GPU_R:-}" ] || tar czf "$OUT/gpu.tgz" --exclude=hypothesis-db -C "$R" . 2>/dev/null; }
 trap pack EXIT
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -170,7 +176,7 @@ if has tpdiag; then
   # one thread with cProfile of the parent and the worker (-threads / -cprofile files).
   (export OMP_NUM_THREADS=1; tp 1)
   (unset OMP_NUM_THREADS; tp 1 -threads)
-  (export OMP_NUM_THREADS=1 TP_CPROFILE=40; tp 1 -cprofile)
+  [ "${TPDIAG_CPROFILE:-1}" = 1 ] && (export OMP_NUM_THREADS=1 TP_CPROFILE=40; tp 1 -cprofile)
 fi
 if has throughput; then
   export OMP_NUM_THREADS=1; tp "${TP_JOBS:-1 8 14}"
@@ -225,13 +231,16 @@ if has peers; then
   for k in sdpa-efficient sdpa-cudnn sdpa-math; do rep $k 5 "${PEERS_S:-400}" & done
   wait
 fi
-if has ragged; then
+if has benchragged; then
   el bench_ragged
-  export PYTHONPATH=$PWD:$PWD/.whl/site  # fasterkernels (carried .whl), for its paged decode
-  timeout -s TERM "${BENCH_RAGGED_S:-150}" python3 scripts/gpu/bench_ragged.py \
-    --out "$R/bench_ragged.json" ${BENCH_RAGGED_ARGS:-} > "$R/bench_ragged.log" 2>&1
+  # fasterkernels (carried .whl), for its paged decode
+  PYTHONPATH=$PWD:$PWD/.whl/site timeout -s TERM "${BENCH_RAGGED_S:-200}" \
+    python3 scripts/gpu/bench_ragged.py --out "$R/bench_ragged.json" ${BENCH_RAGGED_ARGS:-} \
+    > "$R/bench_ragged.log" 2>&1
   el "bench_ragged exit=$?"
-  export OMP_NUM_THREADS=1
+fi
+if has ragged; then
+  export PYTHONPATH=$PWD:$PWD/.whl/site OMP_NUM_THREADS=1
   for k in triton-varlen triton-decode sdpa-varlen flex-varlen sdpa-decode \
       docs/examples/fasterkernels_paged_adapter.py:attention_decode; do
     n=$(basename "${k%%:*}" .py)
@@ -243,6 +252,39 @@ if has ragged; then
   wait
   # one file: the campaigns' failure files sit too deep for the device's return transfer
   tar czf "$R/ragged.tgz" --exclude=hypothesis-db -C "$R" ragged
+fi
+if has scale; then
+  # One campaign as N fuzz processes (verify/scale.py), alone on the GPU; seeded, so the runs
+  # draw the same first examples. One OpenMP thread per process (16 processes, 16 cores).
+  export OMP_NUM_THREADS=1
+  for k in ${SCALE_KERNELS:-sdpa-math}; do for n in ${SCALE_N:-1 2 4 8 16}; do
+    el "scale $k workers=$n"; t=$(date +%s.%N)
+    cache=$TRITON_CACHE_DIR; run=$k-w$n
+    [ "${SCALE_COLD:-0}" = 1 ] && cache=$(mktemp -d) && run=$run-cold
+    TRITON_CACHE_DIR=$cache timeout -s TERM $(( ${SCALE_S:-30} + 150 )) python3 -m flashcheck \
+      fuzz --kernel "$k" --device cuda --workers "$n" --minutes "$(python3 -c \
+      "print(${SCALE_S:-30} / 60)")" --seed 777 --max-n 512 --keep-going \
+      --out "$R/scale/$run" > "$R/scale-$run.log" 2>&1
+    el "scale exit=$?"; mkdir -p "$R/scale/$run"; python3 -c "import time;print(round(time.time()-$t,1))" > "$R/scale/$run/outer_s"
+  done; done
+  python3 - "$R" <<'PY'
+import json, pathlib, sys
+r = pathlib.Path(sys.argv[1]); rows = []
+for d in sorted((r / "scale").iterdir()):
+    try:
+        s = json.loads((d / "summary.json").read_text())
+    except (OSError, ValueError):
+        rows.append({"run": d.name, "error": "no summary"}); continue
+    walls = [(w["summary"] or {}).get("wall_s", 0) for w in s["per_worker"]]
+    rows.append({"run": d.name, "workers": s["workers"], "examples": s["examples"],
+                 "wall_s": max(walls), "examples_per_s": round(s["examples"] / max(walls), 2),
+                 # the whole command: the N processes' start-up and the merge included
+                 "command_s": float((d / "outer_s").read_text()) if (d / "outer_s").exists() else None,
+                 "per_worker": [(w["summary"] or {}).get("examples") for w in s["per_worker"]],
+                 "failures": len(s["failures"]), "cold_cache": d.name.endswith("-cold")})
+    print(json.dumps(rows[-1]))
+(r / "scale.json").write_text(json.dumps(rows, indent=1) + "\n")
+PY
 fi
 if has checks; then
   job det 250 python3 scripts/gpu/determinism.py --out "$R/determinism.json"
