@@ -275,12 +275,14 @@ for d in sorted((r / "scale").iterdir()):
         s = json.loads((d / "summary.json").read_text())
     except (OSError, ValueError):
         rows.append({"run": d.name, "error": "no summary"}); continue
-    walls = [(w["summary"] or {}).get("wall_s", 0) for w in s["per_worker"]]
-    rows.append({"run": d.name, "workers": s["workers"], "examples": s["examples"],
+    # --workers 1 is one fuzz process: its own summary, without per_worker
+    workers = s.get("per_worker") or [{"summary": s}]
+    walls = [(w["summary"] or {}).get("wall_s", 0) for w in workers]
+    rows.append({"run": d.name, "workers": len(workers), "examples": s["examples"],
                  "wall_s": max(walls), "examples_per_s": round(s["examples"] / max(walls), 2),
                  # the whole command: the N processes' start-up and the merge included
                  "command_s": float((d / "outer_s").read_text()) if (d / "outer_s").exists() else None,
-                 "per_worker": [(w["summary"] or {}).get("examples") for w in s["per_worker"]],
+                 "per_worker": [(w["summary"] or {}).get("examples") for w in workers],
                  "failures": len(s["failures"]), "cold_cache": d.name.endswith("-cold")})
     print(json.dumps(rows[-1]))
 (r / "scale.json").write_text(json.dumps(rows, indent=1) + "\n")
