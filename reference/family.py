@@ -13,8 +13,8 @@ each member, real kernels that make its choice.
   ``gqa_expand_autograd`` only below fp32 (for fp32 inputs they *are* the baseline);
   ``tf32`` and ``tf32_truncated`` only for fp32 inputs whose kernel declares TF32;
   ``exp2_approx`` only for fp32 inputs; the :data:`OPT_IN` members (``q_prescaled``,
-  ``q_exp2_prescaled``, ``split_kv``, ``bwd_scores_k16``) only when the kernel declares
-  them.
+  ``q_exp2_prescaled``, ``split_kv``, ``bwd_scores_k16``, ``qk_sqrt_scaled``) only when the
+  kernel declares them.
 - ``run_family(query, key, value, grad_out, ...)``: every member on the same inputs; per
   member the output and (with ``grad_out``) dq, dk, dv, exactly as
   ``online_attention(..., **kwargs)`` and autograd with that ``grad_out`` give them.
@@ -48,6 +48,7 @@ FAMILY: dict[str, dict] = {
     "fa2_cuda_softmax": dict(_BASE, scale_at="exp2_fma", normalize="reciprocal"),
     "q_prescaled": dict(_BASE, scale_at="q"),
     "q_exp2_prescaled": dict(_BASE, scale_at="q_exp2"),
+    "qk_sqrt_scaled": dict(_BASE, scale_at="qk_sqrt"),
     "p_ds_fp32": dict(_BASE, p_precision="fp32", ds_precision="fp32"),
     "ds_before_round": dict(_BASE, ds_scale="before_round"),
     "gqa_group_fp32": dict(_BASE, gqa_reduce="group_fp32"),
@@ -130,6 +131,13 @@ FAMILY_NOTES: dict[str, str] = {
                 "(|lse| ~ 1e4, 128 keys) its output error is up to 5x the other members' "
                 "(6 seeds); below fp32 within 1.3x of theirs. Backward: the FA2 backward "
                 "(128x16 tiles) from the merged O and lse",
+    "qk_sqrt_scaled": "Q and K each multiplied by fl(√scale) in fp32 before QKᵀ, in the "
+                      "forward and in the backward (PyTorch's math SDPA backend, "
+                      "_scaled_dot_product_attention_math, 'for numerical stability'; fp16/bf16 "
+                      "upcast to fp32 first). Each product's rounding perturbs the inputs by "
+                      "u_acc relative, which the scores carry coherently: fp32 at logits ~1e4, "
+                      "dq 3.4x the other members' (H200 campaign, sdpa-math, D 111: "
+                      "√(1/√111) is not a power of two); exact where √scale is (D 16, 256)",
     "bwd_scores_k16": "the backward recomputes S = QKᵀ in another summation order over the "
                       "head dim than the forward whose lse it uses (its own GEMM blocking, or "
                       "MMA k-steps of 16), so P = exp(S − lse) is off by the difference of two "
@@ -160,7 +168,9 @@ _LOOP_KEYS = dict(block_m=128, block_n=128, order="fa2")
 # - bwd_scores_k16: P = exp(S_bwd − lse) off by two roundings of scores at |s|: up to 18.6x
 #   the others' dv and 8.6x their dk on fp32 cases (PyTorch's CPU flash SDPA makes it; the
 #   sdpa-varlen peer declares it).
-OPT_IN = ("q_prescaled", "q_exp2_prescaled", "split_kv", "bwd_scores_k16")
+# - qk_sqrt_scaled: Q·√scale and K·√scale rounded in fp32 perturb every score by ~u_acc·|s|:
+#   3.4x the other members' dq at fp32 logits ~1e4 (the sdpa-math builtin declares it).
+OPT_IN = ("q_prescaled", "q_exp2_prescaled", "split_kv", "bwd_scores_k16", "qk_sqrt_scaled")
 
 
 def family_members(dtype, *, gqa: bool, tf32: bool, declared=()) -> dict[str, dict]:

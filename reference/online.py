@@ -344,6 +344,10 @@ def _scores(ar: _Arith, p: Problem, qi, kj, attn_mask, rows, cols, backward=Fals
     kt = kj.transpose(-2, -1)
     if ar.scale_at in ("q", "q_exp2"):
         s = ar.mm_scores(ar.rnd(qi * c), kt, backward)
+    elif ar.scale_at == "qk_sqrt":
+        # Q·r and K·r, r = fl(√scale), each product rounded in the accumulator dtype
+        r = torch.tensor(math.sqrt(p.scale), dtype=ar.acc).item()
+        s = ar.mm_scores(ar.ftz((qi * r).to(ar.acc)), ar.ftz((kt * r).to(ar.acc)), backward)
     elif ar.fused:
         # The raw score times c, in float64: exact for fp32 scores (24 + 24 bits < 53);
         # the rounded product is the scaled score that the row max is taken of.
@@ -812,7 +816,8 @@ def online_attention(
       base 2 with the scale fused into the exponent: m is the max of fl(QKᵀ·c), but
       P = 2^fl(QKᵀ·c − m) with one rounding (an FFMA of the raw score), in the forward
       and in the backward's recomputation of P (an additive bias is added, times log2 e,
-      to the exact product in float64). The scale
+      to the exact product in float64); ``"qk_sqrt"`` S = (Q·r)(K·r)ᵀ with r = fl(√scale)
+      and both products rounded in the accumulator dtype (PyTorch's math SDPA). The scale
       enters dQ and dK as ``ds_scale`` says, with the unscaled Q, whatever ``scale_at``.
     - ``p_precision`` / ``ds_precision``: ``"input"`` P (resp. dS) rounded to the input
       dtype before the P@V and PᵀdO (resp. dS@K and dSᵀQ) products; ``"fp32"`` kept in the

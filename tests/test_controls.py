@@ -31,6 +31,8 @@ CHOICE_CASES = {
     "exp2_folded_scale": dict(Nk=48, **GRAD),
     "exp2_approx": dict(Nk=48, **GRAD),
     "q_prescaled": dict(Nk=48, D=32, dtype="bfloat16", **GRAD),
+    # D = 32: √(1/√32) is not a power of two, so Q·r and K·r round
+    "qk_sqrt_scaled": dict(Nk=48, D=32, dtype="float32", **GRAD),
     "ds_scaled_before_round": dict(Nk=48, D=32, dtype="float16", **GRAD),
     # 48 keys: 3 tiles of 16, one per split
     "split_kv": dict(Nk=48, **GRAD),
@@ -110,3 +112,33 @@ def test_backward_scores_reordered_is_judged_by_its_member():
     v = check_case(ctl, case, "cpu", family="full")
     assert v.status == "pass", v.summary()
     assert v.tensors["dv"].member == "bwd_scores_k16"
+
+
+def test_math_sdpa_sqrt_scale_split_is_judged_by_its_member():
+    """An H200 campaign's false alarm on sdpa-math (fp32, logits ~1e4, D 111: dq 1.07x, the
+    floor's tolerance, 3.4x the default members): PyTorch's math backend multiplies Q and K by
+    fl(√scale) in fp32. The case file replays on the CPU with the same dq (the roundings are
+    elementwise, not the GEMM's order); judged by ``qk_sqrt_scaled``, which the built-in
+    declares, it passes, and without that member it fails as on the GPU."""
+    from pathlib import Path
+
+    from flashcheck.verify.cases import load_case_file
+    from flashcheck.verify.check import check_case
+
+    case, _ = load_case_file(Path(__file__).parent / "data" / "sdpa_math_h200_qk_sqrt_scale.json")
+    v = check_case("sdpa-math", case, "cpu", family="full")
+    assert v.status == "pass", v.summary()
+    assert v.tensors["dq"].member == "qk_sqrt_scaled"
+    ctl = importlib.import_module("flashcheck.verify.controls.qk_sqrt_scaled").attention
+    assert check_case(ctl, case, "cpu", family="full").status == "pass"
+
+    from flashcheck.verify.adapters import resolve_kernel
+
+    math_sdpa = resolve_kernel("sdpa-math", "cpu").fn
+
+    def undeclared(*a, **kw):
+        return math_sdpa(*a, **kw)
+
+    undeclared.capabilities = {k: v for k, v in math_sdpa.capabilities.items() if k != "family"}
+    bad = check_case(undeclared, case, "cpu", family="full")
+    assert bad.status == "fail" and not bad.tensors["dq"].passed, bad.summary()

@@ -281,14 +281,15 @@ def test_flush_reads_only_fp32_range_subnormal_inputs(dtype):
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_scale_placement_exact_for_power_of_two_scale(dtype):
-    """Scaling by 2^k commutes with rounding: Q·scale or dS·scale rounded to the dtype equals
-    the default bit for bit; with scale = 0.3 the choices differ."""
+    """Scaling by 2^k commutes with rounding: Q·scale or dS·scale rounded to the dtype, or
+    Q·√scale and K·√scale rounded in fp32 (√0.25 = 0.5), equal the default bit for bit; with
+    scale = 0.3 the choices differ."""
     dt = DTYPES[dtype]
     kw, dout = _gqa_case(dt)
     for scale, same in ((0.25, True), (0.3, False)):
         kw["scale"] = scale
         base = _run(kw, dout, block_m=8, block_n=4)
-        for sw in (dict(scale_at="q"), dict(ds_scale="before_round")):
+        for sw in (dict(scale_at="q"), dict(scale_at="qk_sqrt"), dict(ds_scale="before_round")):
             got = _run(kw, dout, block_m=8, block_n=4, **sw)
             eq = torch.equal(got[0], base[0]) and all(
                 torch.equal(a, b) for a, b in zip(got[2], base[2], strict=True))

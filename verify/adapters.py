@@ -269,6 +269,8 @@ def _sdpa_kernel(backend_name: str):
             )
 
     sdpa.capabilities = {"extensions": (), "causal_with_mask": False}
+    if backend_name == "MATH":  # Q and K each times √scale in fp32 (reference/family.py)
+        sdpa.capabilities["family"] = ("qk_sqrt_scaled",)
     return sdpa
 
 

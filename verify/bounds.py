@@ -555,6 +555,21 @@ def ftz_allowance(allowed: torch.Tensor, bias: torch.Tensor | None, shape: tuple
         if do is not None:
             ado = do.to(torch.float64).abs()
             allow["dv"] = allow["dv"] + _group_sum(tiny_in * (w.transpose(-1, -2) @ ado), hkv)
+            # Products flushed inside the intermediate sums dP_ij = dO_i·V_j and D_i = dO_i·O_i
+            # (|O_id| <= max_j |V_jd|, O being a convex combination of V's rows): each sum
+            # moves by less than min(sum_d |a_d b_d|, D·tiny), and dS_ij = P_ij (dP_ij − D_i)
+            # by P_ij times both; through dq = scale·dS@K and dk = scale·dSᵀQ (P <= 1, and
+            # sum_j P_ij = 1 for D_i's share of dq). A kernel may flush in one of the two
+            # sums and not the other, so they need not cancel (bf16 dO = tiny, D 40: dq
+            # −4.5e-38 where the exact value is −6.3e-39, D_i's products flushed, dP's not).
+            d_cap = q.shape[-1] * TINY_ACC
+            d_p = torch.clamp(ado @ v.transpose(-1, -2), max=d_cap) * w
+            vmax = v.amax(-2, keepdim=True)
+            d_d = torch.clamp((ado * vmax).sum(-1, keepdim=True), max=d_cap)
+            kmax = k.amax(-2, keepdim=True)
+            allow["dq"] = allow["dq"] + scale * (d_p @ k + d_d * kmax)
+            allow["dk"] = allow["dk"] + _group_sum(
+                scale * ((d_p + d_d * w).transpose(-1, -2) @ aq), hkv)
     return allow
 
 

@@ -45,12 +45,16 @@ CONTROLS: tuple[Control, ...] = (
             "GQA dK/dV: one fp32 accumulator per kv head, the group's heads added in turn"),
     Control("flush_to_zero", "subnormals flushed to zero (FTZ/DAZ): fp32-range inputs, "
                              "input-dtype P, dS and results"),
+    Control("ftz_delta", "flush-to-zero in D = rowsum(dO * O) alone, dP = dO V^T keeping "
+                         "subnormals (FA2 CUDA's --use_fast_math preprocessing)"),
     Control("tf32_matmuls", "every fp32 product's operands rounded to TF32 (declares tf32)"),
     Control("tf32_truncated",
             "every fp32 product's operands truncated to TF32, Hopper wgmma (declares tf32)"),
     Control("exp2_folded_scale", "scale * log2(e) as one fp32 constant, exp2, base-2 lse"),
     Control("exp2_approx", "exp2_folded_scale with exp2 to 22 bits (the GPUs' ex2.approx.f32)"),
     Control("q_prescaled", "Q * scale rounded to the input dtype before QK^T"),
+    Control("qk_sqrt_scaled", "Q and K each times fl(sqrt(scale)) in fp32 before QK^T "
+                              "(PyTorch's math SDPA; declares qk_sqrt_scaled)"),
     Control("fa2_cuda_softmax",
             "exp2(s * scale_log2 - max_scaled) as one FFMA, O = acc * (1/l) (FA2 CUDA)"),
     Control("ds_scaled_before_round", "scale * dS rounded to the input dtype, not dS"),

@@ -3,8 +3,8 @@
 Earlier versions of Triton's fused-attention tutorial, the Triton flash-attention of ROCm's
 FlashAttention port and many kernels derived from them do `q = (q * qk_scale).to(dtype)`
 once per query block instead of scaling every logit (they fold log2(e) into qk_scale too;
-exp2_folded_scale.py covers that part), and PyTorch's math SDPA backend multiplies q and k
-by sqrt(scale) in the input dtype before the matmul. For fp16/bf16 the
+exp2_folded_scale.py covers that part); PyTorch's math SDPA backend multiplies q and k by
+sqrt(scale), but in fp32 (qk_sqrt_scaled.py). For fp16/bf16 the
 scaled Q is rounded to the input dtype, which perturbs each logit by about one input-dtype
 unit roundoff of |scale * q||k| — the same order as rounding q itself, so it is a correct
 choice with a somewhat larger logit error than the baseline's fp32 multiply. The backward
