@@ -537,4 +537,5 @@ attention_varlen.capabilities = {
     "devices": ("cpu", "cuda") if INTERPRET else ("cuda",),
     "not_run": {"cpu": {"bfloat16": BF16_INTERPRETER_REASON}} if INTERPRET else {},
     "deterministic_backward": True,
+    "family": _common.dot_family(False),
 }

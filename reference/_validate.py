@@ -32,6 +32,7 @@ NORMALIZES = ("divide", "reciprocal")
 EXP_ACCURACIES = ("library", "approx")
 TF32_ROUNDINGS = ("nearest", "truncate")
 BWD_SCORES = ("as_forward", "k16")
+ACCUMULATES = ("blocked", "fma_chain")
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,9 @@ each member, real kernels that make its choice.
   ``gqa_expand_autograd`` only below fp32 (for fp32 inputs they *are* the baseline);
   ``tf32`` and ``tf32_truncated`` only for fp32 inputs whose kernel declares TF32;
   ``exp2_approx`` only for fp32 inputs; the :data:`OPT_IN` members (``q_prescaled``,
-  ``q_exp2_prescaled``, ``split_kv``, ``bwd_scores_k16``, ``qk_sqrt_scaled``) only when the
-  kernel declares them.
+  ``q_exp2_prescaled``, ``split_kv``, ``bwd_scores_k16``, ``qk_sqrt_scaled``,
+  ``fp32_fma_chain``) only when the kernel declares them (``fp32_fma_chain`` for fp32
+  inputs without TF32 only).
 - ``run_family(query, key, value, grad_out, ...)``: every member on the same inputs; per
   member the output and (with ``grad_out``) dq, dk, dv, exactly as
   ``online_attention(..., **kwargs)`` and autograd with that ``grad_out`` give them.
@@ -60,6 +61,7 @@ FAMILY: dict[str, dict] = {
     "tf32_truncated": dict(_BASE, tf32=True, tf32_rounding="truncate"),
     "bwd_scores_k16": dict(_BASE, bwd_scores="k16"),
     "split_kv": dict(block_m=128, block_n=16, kv_splits=4),
+    "fp32_fma_chain": dict(_BASE, accumulate="fma_chain", gqa_reduce="group_fp32"),
 }
 
 FAMILY_NOTES: dict[str, str] = {
@@ -138,6 +140,15 @@ FAMILY_NOTES: dict[str, str] = {
                       "u_acc relative, which the scores carry coherently: fp32 at logits ~1e4, "
                       "dq 3.4x the other members' (H200 campaign, sdpa-math, D 111: "
                       "√(1/√111) is not a power of two); exact where √scale is (D 16, 256)",
+    "fp32_fma_chain": "fp32 inputs, IEEE fp32 dot products: dQ, dK and dV each one running "
+                      "fp32 sum, one fused multiply-add per product, in loop order (keys for "
+                      "dQ; query rows, a GQA group's heads one after another, for dK/dV). "
+                      "Triton's tl.dot(a, b, acc) with input_precision='ieee' lowers to such "
+                      "an FMA loop on NVIDIA GPUs (ours: triton, triton-fa1, triton-varlen), "
+                      "as do scalar CUDA loops. Terms below half an ulp of the running sum "
+                      "are lost: with positive terms (P, dO = 1) a bias that grows with the "
+                      "row count (H200, triton-fa1, 1934 rows: dv 3.7x the blocked members', "
+                      "mean error -3.6e-5 at 21.5)",
     "bwd_scores_k16": "the backward recomputes S = QKᵀ in another summation order over the "
                       "head dim than the forward whose lse it uses (its own GEMM blocking, or "
                       "MMA k-steps of 16), so P = exp(S − lse) is off by the difference of two "
@@ -149,7 +160,7 @@ FAMILY_NOTES: dict[str, str] = {
 }
 
 # Switches that change only the backward (the forward of members differing in them is shared).
-_BACKWARD_ONLY = ("ds_precision", "ds_scale", "gqa_reduce", "bwd_scores")
+_BACKWARD_ONLY = ("ds_precision", "ds_scale", "gqa_reduce", "bwd_scores", "accumulate")
 _GQA_MEMBERS = ("gqa_group_fp32", "gqa_per_head_rounded", "gqa_expand_autograd")
 _LOOP_KEYS = dict(block_m=128, block_n=128, order="fa2")
 
@@ -170,7 +181,11 @@ _LOOP_KEYS = dict(block_m=128, block_n=128, order="fa2")
 #   sdpa-varlen peer declares it).
 # - qk_sqrt_scaled: Q·√scale and K·√scale rounded in fp32 perturb every score by ~u_acc·|s|:
 #   3.4x the other members' dq at fp32 logits ~1e4 (the sdpa-math builtin declares it).
-OPT_IN = ("q_prescaled", "q_exp2_prescaled", "split_kv", "bwd_scores_k16", "qk_sqrt_scaled")
+# - fp32_fma_chain: a running sum of n terms loses up to n·u_acc of its mass where a blocked
+#   sum loses ~√(block)·u: 8x the others' dv on a 1934-row fp32 case (our Triton kernels
+#   declare it).
+OPT_IN = ("q_prescaled", "q_exp2_prescaled", "split_kv", "bwd_scores_k16", "qk_sqrt_scaled",
+          "fp32_fma_chain")
 
 
 def family_members(dtype, *, gqa: bool, tf32: bool, declared=()) -> dict[str, dict]:
@@ -198,6 +213,9 @@ def family_members(dtype, *, gqa: bool, tf32: bool, declared=()) -> dict[str, di
         skip.update(("p_ds_fp32", "gqa_per_head_rounded", "gqa_expand_autograd"))
     if not (tf32 and dtype == torch.float32):
         skip.update(("tf32", "tf32_truncated"))
+    if dtype != torch.float32 or tf32:
+        # Below fp32 (and with TF32) the products run on tensor cores: blocked sums.
+        skip.add("fp32_fma_chain")
     if dtype != torch.float32:
         # An exponential's 2^-22 is invisible below fp32, where P is rounded to 2^-8..2^-11.
         skip.add("exp2_approx")

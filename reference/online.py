@@ -35,8 +35,10 @@ input dtype or kept in fp32), ``ds_scale`` (scale on dS before its rounding or o
 the end), ``tf32`` (fp32 inputs: matmul operands rounded to TF32 by ``round_tf32``) and
 ``exp_accuracy`` (fp32: every exponential to 22 significant bits, ``round_exp_approx``)
 and ``kv_splits`` (split-KV forward, above) and ``bwd_scores`` (the backward's QKᵀ summed
-over the head dim in another order than the forward's). With every switch at its default the
-arithmetic is bit for bit that of the model before the switches existed.
+over the head dim in another order than the forward's) and ``accumulate`` (fp32: the
+backward's dQ, dK, dV each one running sum, one fused multiply-add per product). With
+every switch at its default the arithmetic is bit for bit that of the model before the
+switches existed.
 
 The (m, ℓ) recurrence is ``online_lse_step``; the tile updates ``tile_step_fa2`` and
 ``tile_step_fa1`` are the same recurrence applied to a block max and a block sum.
@@ -59,6 +61,7 @@ import math
 import torch
 
 from ._validate import (
+    ACCUMULATES,
     BWD_SCORES,
     DS_SCALES,
     EXP_ACCURACIES,
@@ -219,6 +222,7 @@ class _Arith:
         ds_precision: str = "input", ds_scale: str = "after_round", tf32: bool = False,
         normalize: str = "divide", exp_accuracy: str = "library",
         tf32_rounding: str = "nearest", kv_splits: int = 1, bwd_scores: str = "as_forward",
+        accumulate: str = "blocked",
     ):
         if precision == "exact":
             self.operand = self.acc = torch.float64
@@ -240,6 +244,8 @@ class _Arith:
         self.approx_exp = exp_accuracy == "approx"
         self.kv_splits = kv_splits
         self.bwd_k_steps = bwd_scores == "k16"
+        # A running sum is a rounding model of fp32 accumulators only (float64 is exact here).
+        self.fma_chain = accumulate == "fma_chain" and self.acc == torch.float32
 
     def ftz(self, x: torch.Tensor) -> torch.Tensor:
         """Flush accumulator-dtype subnormals to zero when flushing; else ``x`` itself."""
@@ -524,6 +530,8 @@ def _backward_fa2(ar, p, q, k, v, attn_mask, out, lse, dout, bm, bn, want_dbias)
     dbias = (
         torch.zeros(p.B, p.Hq, p.Nq, p.Nk, dtype=ar.acc, device=q.device) if want_dbias else None
     )
+    chain = None if not ar.fma_chain else tuple(
+        torch.zeros(p.B, p.Hq, p.Nq, p.Nk, dtype=ar.acc, device=q.device) for _ in range(2))
     for cols in _tiles(p.Nk, bn):
         cs = slice(cols[0], cols[1])
         kj, vj = k[:, :, cs], v[:, :, cs]
@@ -534,17 +542,56 @@ def _backward_fa2(ar, p, q, k, v, attn_mask, out, lse, dout, bm, bn, want_dbias)
             qi, do_i = q[:, :, rs], do[:, :, rs]
             s, fused = _scores(ar, p, qi, kj, attn_mask, rows, cols, backward=True)
             pt = ar.exp_minus(s, fused, lse_shift[:, :, rs].unsqueeze(-1))
-            dv_j = _kv_accumulate(ar, p, dv_j, ar.rnd_p(pt), do_i)
             dp = ar.mm(do_i, vj.transpose(-2, -1))
             ds = ar.ftz(pt * (dp - delta[:, :, rs].unsqueeze(-1)))
             ds_r = ar.rnd_ds(ar.ftz(ds * p.scale) if ar.ds_before_round else ds)
-            dk_j = _kv_accumulate(ar, p, dk_j, ds_r, qi)
-            dq[:, :, rs] += ar.mm(ds_r, kj)
+            if chain is not None:
+                chain[0][:, :, rs, cs], chain[1][:, :, rs, cs] = ar.rnd_p(pt), ds_r
+            else:
+                dv_j = _kv_accumulate(ar, p, dv_j, ar.rnd_p(pt), do_i)
+                dk_j = _kv_accumulate(ar, p, dk_j, ds_r, qi)
+                dq[:, :, rs] += ar.mm(ds_r, kj)
             if dbias is not None:
                 dbias[:, :, rs, cs] = ds
-        dk[:, :, cs] = dk_j if ar.ds_before_round else ar.ftz(dk_j * p.scale)
+        dk[:, :, cs] = dk_j
         dv[:, :, cs] = dv_j
-    return dq if ar.ds_before_round else ar.ftz(dq * p.scale), dk, dv, dbias
+    if chain is not None:
+        dq, dk, dv = _chain_grads(ar, p, q, k, do, *chain)
+    if not ar.ds_before_round:
+        dq, dk = ar.ftz(dq * p.scale), ar.ftz(dk * p.scale)
+    return dq, dk, dv, dbias
+
+
+def _fma_chain(ar, acc, terms):
+    """acc after adding, in order, each (a, b) of ``terms`` as one fused multiply-add per
+    element: acc = fl(acc + a·b) (the exact product of two fp32 values fits float64; the sum
+    rounded to float64 and then to fp32 differs from one rounding only at rare ties)."""
+    acc = acc.to(torch.float64)
+    for a, b in terms:
+        acc = ar.ftz((acc + a.to(torch.float64) * b.to(torch.float64)).to(ar.acc)).to(
+            torch.float64)
+    return acc.to(ar.acc)
+
+
+def _chain_grads(ar, p, q, k, do, pr, dsr):
+    """dQ, dK, dV (dK/dQ unscaled) as the running sums of ``accumulate="fma_chain"``: dQ
+    over the keys in order; dK and dV over the query rows in order, per query head, or with
+    ``gqa_reduce="group_fp32"`` through the group's heads one after the other into one
+    accumulator per kv head. ``pr`` and ``dsr`` are P and dS as the products read them
+    (B, Hq, Nq, Nk)."""
+    kx = k  # (B, Hq, Nk, D): K already expanded per query head
+    dq = _fma_chain(ar, torch.zeros_like(q),
+                    ((dsr[..., j, None], kx[:, :, j, None, :]) for j in range(p.Nk)))
+    heads = [(slice(None), None)] if not ar.group_acc else [
+        (slice(h, None, p.group), h) for h in range(p.group)]
+    shape = (p.B, p.Hkv if ar.group_acc else p.Hq, p.Nk, p.D)
+    grads = []
+    for a in (pr, dsr):
+        b_src = do if a is pr else q
+        terms = ((a[:, hs, i, :, None], b_src[:, hs, i, None, :])
+                 for hs, _ in heads for i in range(p.Nq))
+        grads.append(_fma_chain(ar, torch.zeros(shape, dtype=ar.acc, device=q.device), terms))
+    return dq, grads[1], grads[0]
 
 
 # ---------------------------------------------------------------- a-priori error bound
@@ -741,7 +788,7 @@ SWITCH_DEFAULTS = dict(
     gqa_reduce="per_head_fp32", flush_subnormals=False, scale_at="scores",
     p_precision="input", ds_precision="input", ds_scale="after_round", tf32=False,
     normalize="divide", exp_accuracy="library", tf32_rounding="nearest", kv_splits=1,
-    bwd_scores="as_forward",
+    bwd_scores="as_forward", accumulate="blocked",
 )
 
 
@@ -767,6 +814,7 @@ def _make_arith(dtype, precision, **switches) -> _Arith:
         tf32_rounding=check_choice("tf32_rounding", sw["tf32_rounding"], TF32_ROUNDINGS),
         kv_splits=check_count("kv_splits", sw["kv_splits"]),
         bwd_scores=check_choice("bwd_scores", sw["bwd_scores"], BWD_SCORES),
+        accumulate=check_choice("accumulate", sw["accumulate"], ACCUMULATES),
     )
     if ar.tf32 and (dtype != torch.float32 or precision != "emulate"):
         raise ValueError(
@@ -783,7 +831,7 @@ def online_attention(
     gqa_reduce="per_head_fp32", flush_subnormals=False, scale_at="scores",
     p_precision="input", ds_precision="input", ds_scale="after_round", tf32=False,
     normalize="divide", exp_accuracy="library", tf32_rounding="nearest", kv_splits=1,
-    bwd_scores="as_forward",
+    bwd_scores="as_forward", accumulate="blocked",
 ):
     """Blocked online-softmax attention (contracts.md §1), FA2 or FA1 loop order.
 
@@ -846,6 +894,14 @@ def online_attention(
       product, bit for bit; ``"k16"`` it sums the head dim in steps of 16 (``K_STEP``), so
       P = exp(S_bwd − lse) uses another rounding of each score than the lse did and no
       longer sums to exactly 1 (a backward kernel with its own GEMM blocking or MMA k-steps).
+    - ``accumulate``: ``"blocked"`` each tile's product summed by a matmul, then added to
+      the accumulator; ``"fma_chain"`` (fp32 accumulators; float64 stays exact) the
+      backward's dQ, dK and dV each one running fp32 sum, one fused multiply-add per product
+      (acc = fl(acc + a·b)), dQ over the keys in order, dK/dV over the query rows in order,
+      per query head or, with ``gqa_reduce="group_fp32"``, through the group's heads one
+      after the other (Triton's IEEE fp32 ``tl.dot(a, b, acc)``). The forward's products
+      and the backward's scores and dP stay blocked (sums over the head dim or within one
+      tile).
     """
     p = check_attention_args(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
@@ -860,6 +916,7 @@ def online_attention(
         scale_at=scale_at, p_precision=p_precision, ds_precision=ds_precision,
         ds_scale=ds_scale, tf32=tf32, normalize=normalize, exp_accuracy=exp_accuracy,
         tf32_rounding=tf32_rounding, kv_splits=kv_splits, bwd_scores=bwd_scores,
+        accumulate=accumulate,
     )
     if precision == "exact":
         query, key, value = (t.to(torch.float64) for t in (query, key, value))

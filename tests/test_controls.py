@@ -31,6 +31,8 @@ CHOICE_CASES = {
     "exp2_folded_scale": dict(Nk=48, **GRAD),
     "exp2_approx": dict(Nk=48, **GRAD),
     "q_prescaled": dict(Nk=48, D=32, dtype="bfloat16", **GRAD),
+    # 400 query rows of fp32: the running sums lose what a blocked sum keeps
+    "fp32_fma_chain": dict(Nq=400, Nk=48, dtype="float32", **GRAD),
     # D = 32: √(1/√32) is not a power of two, so Q·r and K·r round
     "qk_sqrt_scaled": dict(Nk=48, D=32, dtype="float32", **GRAD),
     "ds_scaled_before_round": dict(Nk=48, D=32, dtype="float16", **GRAD),
@@ -142,3 +144,39 @@ def test_math_sdpa_sqrt_scale_split_is_judged_by_its_member():
     undeclared.capabilities = {k: v for k, v in math_sdpa.capabilities.items() if k != "family"}
     bad = check_case(undeclared, case, "cpu", family="full")
     assert bad.status == "fail" and not bad.tensors["dq"].passed, bad.summary()
+
+
+def test_fma_chain_backward_is_judged_by_its_member():
+    """An H200 campaign's false alarm on our FA1 kernel (fp32, 1934 query rows, dO = 1: dv
+    1.01x with a mean error of −3.6e-5, 3.7x the blocked members): Triton's IEEE fp32
+    tl.dot(pT, do, dv) adds one product at a time. The member ``fp32_fma_chain`` reproduces
+    the kernel's dv bias (−3.55e-5) on the CPU; the control making that choice passes by it,
+    and fails without it."""
+    from pathlib import Path
+
+    from flashcheck.reference import online_attention
+    from flashcheck.verify.cases import load_case_file
+    from flashcheck.verify.check import check_case
+
+    case, _ = load_case_file(Path(__file__).parent / "data" / "triton_fa1_h200_fma_chain.json")
+    inp = case.materialize("cpu")
+    ref_v = inp.value.double().requires_grad_()
+    torch.nn.functional.scaled_dot_product_attention(
+        inp.query.double(), inp.key.double(), ref_v).backward(inp.grad_out.double())
+    bias = {}
+    for acc in ("blocked", "fma_chain"):
+        v = inp.value.clone().requires_grad_()
+        online_attention(inp.query, inp.key, v, block_m=128, block_n=128,
+                         accumulate=acc).backward(inp.grad_out)
+        bias[acc] = float((v.grad.double() - ref_v.grad).mean())
+    assert bias["fma_chain"] < -3e-5 < 10 * bias["blocked"], bias
+    ctl = importlib.import_module("flashcheck.verify.controls.fp32_fma_chain").attention
+    v = check_case(ctl, case, "cpu", family="full")
+    assert v.status == "pass" and v.tensors["dv"].member == "fp32_fma_chain", v.summary()
+
+    def undeclared(*a, **kw):
+        return ctl(*a, **kw)
+
+    undeclared.capabilities = {k: x for k, x in ctl.capabilities.items() if k != "family"}
+    bad = check_case(undeclared, case, "cpu", family="full")
+    assert bad.status == "fail" and not bad.tensors["dv"].passed, bad.summary()

@@ -47,6 +47,8 @@ CONTROLS: tuple[Control, ...] = (
                              "input-dtype P, dS and results"),
     Control("ftz_delta", "flush-to-zero in D = rowsum(dO * O) alone, dP = dO V^T keeping "
                          "subnormals (FA2 CUDA's --use_fast_math preprocessing)"),
+    Control("fp32_fma_chain", "fp32 dK/dV as running sums, one FMA per product (Triton's "
+                              "IEEE fp32 tl.dot on CUDA; declares fp32_fma_chain)"),
     Control("tf32_matmuls", "every fp32 product's operands rounded to TF32 (declares tf32)"),
     Control("tf32_truncated",
             "every fp32 product's operands truncated to TF32, Hopper wgmma (declares tf32)"),
