@@ -321,6 +321,8 @@ def test_declared_domain_shrinks_to_its_smallest_case_and_reaches_its_largest():
     ({"backward": {"float64": True}}, "backward"),
     ({"supports": "odd"}, "supports"),
     ({"seq_mutliple": 16}, "seq_mutliple"),
+    ({"family": ("fp32_fma_chains",)}, "family"),
+    ({"family": "split_kv"}, "family"),
 ])
 def test_bad_capabilities_name_the_key_and_its_form(caps, key):
     with pytest.raises(ValueError, match=key) as info:

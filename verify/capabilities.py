@@ -160,9 +160,12 @@ def check_capabilities(caps) -> dict:
                              f"sequence length is left")
     if "family" in out:
         v = out["family"]
+        from flashcheck.reference.family import OPT_IN
+
         if isinstance(v, (str, bytes)) or not isinstance(v, Iterable) or not all(
-                isinstance(x, str) for x in v):
-            raise _bad("family", "a tuple of family member names (docs/bounds.md §2)", v)
+                isinstance(x, str) and x in OPT_IN for x in v):
+            raise _bad("family", f"a tuple of opt-in family member names, each one of "
+                                 f"{OPT_IN} (docs/bounds.md §2)", v)
         out["family"] = tuple(v)
     if "not_run" in out:
         v = out["not_run"]
