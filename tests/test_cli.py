@@ -206,6 +206,18 @@ def test_fuzz_finds_shrinks_and_writes_the_failure(tmp_path, kfile, capsys):
     assert cli.main(["repro", str(files[0])]) == 1
 
 
+def test_fuzz_reuse_compiled_finds_and_shrinks_the_failure(tmp_path, kfile):
+    """--reuse-compiled runs in rounds whose draws mostly repeat compile keys already run;
+    the free draws still reach the failing shapes, which shrink as without it."""
+    out = tmp_path / "fz"
+    rc = cli.main(["fuzz", "--kernel", f"{kfile}:long_rows_off", "--device", "cpu",
+                   "--examples", "120", "--seed", "7", "--max-n", "32", "--dtypes", "float32",
+                   "--reuse-compiled", "--out", str(out), "--quiet"])
+    assert rc == 1
+    files = sorted((out / "failures").glob("*.json"))
+    assert len(files) == 1 and load_case_file(files[0])[0].Nq == 9
+
+
 def test_fuzz_unseeded_saves_to_the_example_database(tmp_path, kfile):
     out = tmp_path / "fz"
     argv = ["fuzz", "--kernel", f"{kfile}:long_rows_off", "--device", "cpu", "--examples",

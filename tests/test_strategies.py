@@ -8,12 +8,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 from flashcheck.verify.capabilities import backward_declared, check_capabilities, domain_reason
-from flashcheck.verify.cases import DTYPES, LAYOUTS, d_bucket, n_bucket
+from flashcheck.verify.cases import DTYPES, LAYOUTS, Case, d_bucket, n_bucket
 from flashcheck.verify.distributions import DIST_KINDS, GRAD_DIST_KINDS
 from flashcheck.verify.strategies import (
     ALL_FEATURES,
     OPT_IN_FEATURES,
     cases,
+    compile_key,
     features_of,
     fixed_sweep,
     restrict,
@@ -338,3 +339,32 @@ def test_max_n_below_the_declared_multiple_is_a_bad_bound():
         cases(layouts=("contiguous",), capabilities={"layouts": ("strided",)})
     with pytest.raises(ValueError, match="head_dims"):
         cases(head_dims=[8], capabilities={"head_dims": {16, 32}})
+
+
+def test_reuse_draws_mostly_compiled_keys_and_still_reaches_new_ones():
+    """cases(reuse=pool): 3 draws in 4 take a pool case's compile key (shapes, dtype, flags,
+    mask kind) with new batch, window offsets, mask values and inputs; the rest draw freely."""
+    from hypothesis import HealthCheck
+    from hypothesis import seed as hseed
+
+    pool = [Case(B=1, Hq=2, Hkv=1, Nq=37, Nk=19, D=24, dtype="float32", is_causal=True,
+                 causal_alignment="bottom_right",
+                 mask={"kind": "key_padding", "shape": "bk", "lengths": [19]}, seed=1),
+            Case(B=2, Hq=1, Hkv=1, Nq=8, Nk=8, D=40, dtype="float16", window=(3, 2), seed=2)]
+    keys = {compile_key(c) for c in pool}
+    seen = []
+
+    @hseed(11)
+    @settings(database=None, max_examples=200, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(cases(max_n=64, reuse=pool))
+    def draw(case):
+        case.validate()
+        seen.append(case)
+
+    draw()
+    reused = [c for c in seen if compile_key(c) in keys]
+    assert 0.6 * len(seen) <= len(reused) < len(seen)  # 3 in 4, and some free
+    assert len({(c.seed, c.B, c.dist["kind"]) for c in reused}) > 20  # values vary
+    assert all(c.window is not None for c in reused if c.D == 40)
+    assert not cases(max_n=64, reuse=()).is_empty

@@ -179,7 +179,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                         examples=args.examples, minutes=args.minutes, seed=args.seed,
                         keep_going=args.keep_going, dtypes=args.dtypes, max_n=args.max_n,
                         quiet=args.quiet, case_timeout=args.case_timeout,
-                        strict_subnormals=args.strict_subnormals, db=args.db, api=args.api)
+                        strict_subnormals=args.strict_subnormals, db=args.db, api=args.api,
+                        reuse_compiled=args.reuse_compiled)
     return campaign.run()
 
 
@@ -338,6 +339,10 @@ def build_parser() -> argparse.ArgumentParser:
                     default=None, help="dtypes to draw (default: all the kernel runs here)")
     sp.add_argument("--max-n", type=_positive_int, default=None, metavar="N",
                     help="largest sequence length to draw (default: by device)")
+    sp.add_argument("--reuse-compiled", action="store_true",
+                    help="draw 3 cases in 4 with the shapes, dtype and flags of a case this "
+                         "campaign already ran (new batch, mask values and inputs), so a "
+                         "compiling kernel runs variants it has built; the 4th draws freely")
     case_timeout(sp)
     quiet(sp)
     sp.set_defaults(func=cmd_fuzz)

@@ -365,6 +365,20 @@ def _draw_case(draw, *, dtypes, max_n, head_dim, max_batch, max_heads, features,
             mask["shape"] = draw(st.sampled_from(shapes))
         else:
             mask["shape"] = "bhqk"
+    _mask_values(draw, mask, f, B, Nk)
+
+    if backward:  # declared per dtype ({dtype: bool}) or "causal_only"; undeclared: asked
+        backward = backward_declared(caps, dtype, is_causal) is not False
+    case = Case(B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, D=D, dtype=dtype, layout=layout,
+                is_causal=is_causal, causal_alignment=alignment, window=window, mask=mask,
+                backward=backward,
+                **_values(draw, f, backward, dists, grad_dists, tf32=dtype == "float32"))
+    return _note(case)
+
+
+def _mask_values(draw, mask: dict, f, B: int, Nk: int) -> None:
+    """The values of a mask of a drawn kind and shape (lengths, densities, ...), in place."""
+    kind = mask["kind"]
     if kind == "key_padding":
         # Lengths shrink toward Nk (no padding); 0 masks the whole batch.
         mask["lengths"] = draw(st.lists(st.integers(0, Nk).map(lambda x: Nk - x),
@@ -381,20 +395,51 @@ def _draw_case(draw, *, dtypes, max_n, head_dim, max_batch, max_heads, features,
     elif kind == "dead_rows":
         mask["rows"] = draw(_fraction(shrink_to_one=False))
 
-    if backward:  # declared per dtype ({dtype: bool}) or "causal_only"; undeclared: asked
-        backward = backward_declared(caps, dtype, is_causal) is not False
+
+def _values(draw, f, backward: bool, dists, grad_dists, tf32: bool | None) -> dict:
+    """What a case's inputs are, beside its shapes: scale, distributions, seed; and TF32,
+    drawn where ``tf32`` is True (fp32 inputs), False where it is False, kept (no key) where
+    it is None."""
     scale = None
     if "custom_scale" in f and draw(st.booleans()):
         scale = draw(st.one_of(st.sampled_from([0.5, 1.0, 2.0, 0.01]),
                                st.floats(0.01, 4.0).map(lambda x: round(x, 4))))
     dist = draw(_dist(dists, _DIST_PARAMS))
     grad_dist = draw(_dist(grad_dists, _GRAD_PARAMS)) if backward else {"kind": "normal"}
-    tf32 = dtype == "float32" and "tf32" in f and draw(st.booleans())
-    seed = draw(st.integers(0, SEED_LIMIT - 1))
-    case = Case(B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, D=D, dtype=dtype, layout=layout,
-                is_causal=is_causal, causal_alignment=alignment, window=window, mask=mask,
-                scale=scale, dist=dist, grad_dist=grad_dist, backward=backward, seed=seed,
-                tf32=tf32)
+    out = dict(scale=scale, dist=dist, grad_dist=grad_dist)
+    if tf32 is not None:
+        out["tf32"] = tf32 and "tf32" in f and draw(st.booleans())
+    out["seed"] = draw(st.integers(0, SEED_LIMIT - 1))
+    return out
+
+
+def compile_key(case: Case) -> tuple:
+    """What a compiled kernel is specialised on, for a Triton-style kernel: the dtype, the
+    shapes (Nq, Nk, D, heads: tile counts, even/uneven tiles, GQA group), the layout, the
+    causal and window flags, the mask's kind and shape, TF32 and the backward; not the batch,
+    the window's offsets, the mask's values, the scale or the inputs. Two dense cases with
+    one key run the same compiled variants of such a kernel."""
+    return (case.api, case.dtype, case.Nq, case.Nk, case.D, case.Hq, case.Hkv, case.layout,
+            case.is_causal, case.causal_alignment, case.window is None,
+            case.mask.get("kind"), case.mask.get("shape"), case.tf32, case.backward)
+
+
+@st.composite
+def _draw_like(draw, *, pool, max_batch, max_n, features, dists, grad_dists) -> Case:
+    """A dense case with the compile key of a case in ``pool``; new batch, window offsets,
+    mask values, scale, inputs."""
+    t = draw(st.sampled_from(pool))
+    f = features
+    B = draw(st.integers(1, max_batch))
+    window = None
+    if t.window is not None:
+        window = (draw(st.integers(-1, max_n)), draw(st.integers(-1, max_n)))
+    mask = {k: v for k, v in t.mask.items() if k in ("kind", "shape")}
+    _mask_values(draw, mask, f, B, t.Nk)
+    case = Case(B=B, Hq=t.Hq, Hkv=t.Hkv, Nq=t.Nq, Nk=t.Nk, D=t.D, dtype=t.dtype,
+                layout=t.layout, is_causal=t.is_causal, causal_alignment=t.causal_alignment,
+                window=window, mask=mask, backward=t.backward, tf32=t.tf32,
+                **_values(draw, f, t.backward, dists, grad_dists, tf32=None))
     return _note(case)
 
 
@@ -411,6 +456,7 @@ def cases(
     distributions: Iterable[str] = ALL_DISTS,
     grad_distributions: Iterable[str] = ALL_GRAD_DISTS,
     capabilities=None,
+    reuse: Iterable[Case] = (),
 ) -> st.SearchStrategy[Case]:
     """Strategy for :class:`Case` within the given bounds.
 
@@ -431,6 +477,11 @@ def cases(
       construction, never by rejection: N = k x ``seq_multiple`` (the causal or non-causal
       one, by the case's ``is_causal``), Nk = Nq under ``same_seqlen``, N <= ``max_seqlen``.
       ``supports`` (a callable) cannot be drawn inside; cases it refuses are not run.
+    - ``reuse``: dense cases already run (``fuzz --reuse-compiled``). Then 3 draws in 4 take
+      the :func:`compile_key` of one of them (new batch, offsets, mask values, scale and
+      inputs), so a compiling kernel runs variants it has built; the fourth draws freely, as
+      without ``reuse``, and a failure shrinks toward that free branch. Nothing becomes
+      unreachable.
 
     Raises ValueError naming the argument on bad bounds, including bounds that the
     capabilities leave empty (e.g. ``max_n`` below the declared ``seq_multiple``), and
@@ -477,9 +528,17 @@ def cases(
         return _draw_ragged(api=caps["api"], dtypes=dtypes, max_n=max_n, head_dim=head_dim,
                             max_heads=max_heads, features=features, backward=backward,
                             dists=dists, grad_dists=grad_dists, caps=caps)
-    return _draw_case(dtypes=dtypes, max_n=max_n, head_dim=head_dim, max_batch=max_batch,
+    free = _draw_case(dtypes=dtypes, max_n=max_n, head_dim=head_dim, max_batch=max_batch,
                       max_heads=max_heads, features=features, backward=backward,
                       layouts=layouts, dists=dists, grad_dists=grad_dists, caps=caps)
+    pool = sorted({compile_key(c): c for c in reuse if c.api == "dense"}.values(),
+                  key=compile_key)
+    if not pool:
+        return free
+    like = _draw_like(pool=tuple(pool), max_batch=max_batch, max_n=max_n, features=features,
+                      dists=dists, grad_dists=grad_dists)
+    # index 0 (free) is what a failure shrinks toward
+    return st.sampled_from((0, 1, 1, 1)).flatmap(lambda i: like if i else free)
 
 
 def features_of(case: Case) -> frozenset[str]:

@@ -50,6 +50,12 @@
 #                                         sdpa-math), SCALE_S seconds each (default 30), then
 #                                         examples/s of every run so far in scale.json;
 #                                         SCALE_COLD=1: each run starts from an empty Triton cache
+#   bash scripts/gpu/session.sh replays   replays the committed GPU false-alarm cases that new
+#                                         family members explain (tests/data/*_h200_*.json,
+#                                         h200/ragged/sdpa-varlen), side by side
+#   bash scripts/gpu/session.sh reuse     a cold-cache fuzz campaign of REUSE_KERNEL (default
+#                                         triton) for REUSE_S seconds (default 60), without and
+#                                         with --reuse-compiled, each from an empty Triton cache
 # Several phases may share one call (session.sh throughput peers); they run in this file's order.
 set -uo pipefail
 : "${1:?phase}"
@@ -287,6 +293,29 @@ for d in sorted((r / "scale").iterdir()):
     print(json.dumps(rows[-1]))
 (r / "scale.json").write_text(json.dumps(rows, indent=1) + "\n")
 PY
+fi
+if has replays; then
+  for spec in "tests/data/sdpa_math_h200_qk_sqrt_scale.json sdpa-math" \
+      "tests/data/triton_fa1_h200_fma_chain.json triton-fa1" \
+      "tests/data/triton_fa1_h200_fma_chain.json triton" \
+      "docs/reports/h200/ragged/sdpa-varlen/numerical-da1989d03f.json sdpa-varlen"; do
+    set -- $spec
+    job "replay-$2-$(basename "$1" .json)" 240 python3 -m flashcheck repro "$1" --kernel "$2" \
+      --device cuda
+  done
+  wait
+fi
+if has reuse; then
+  export OMP_NUM_THREADS=1
+  for mode in free reuse; do
+    flag=; [ "$mode" = reuse ] && flag=--reuse-compiled
+    el "fuzz $mode"
+    TRITON_CACHE_DIR=$(mktemp -d) timeout -s TERM $(( ${REUSE_S:-60} + 120 )) python3 -m \
+      flashcheck fuzz --kernel "${REUSE_KERNEL:-triton}" --device cuda --minutes "$(python3 \
+      -c "print(${REUSE_S:-60} / 60)")" --seed 777 --max-n 512 --keep-going $flag \
+      --out "$R/reuse/$mode" > "$R/reuse-$mode.log" 2>&1
+    el "fuzz $mode exit=$?"
+  done
 fi
 if has checks; then
   job det 250 python3 scripts/gpu/determinism.py --out "$R/determinism.json"
