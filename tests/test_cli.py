@@ -216,6 +216,9 @@ def test_fuzz_reuse_compiled_finds_and_shrinks_the_failure(tmp_path, kfile):
     assert rc == 1
     files = sorted((out / "failures").glob("*.json"))
     assert len(files) == 1 and load_case_file(files[0])[0].Nq == 9
+    from flashcheck.verify.fuzz import reuse_round
+
+    assert [reuse_round(i) for i in range(6)] == [2, 4, 8, 16, 20, 20]
 
 
 def test_fuzz_unseeded_saves_to_the_example_database(tmp_path, kfile):

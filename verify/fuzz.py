@@ -66,14 +66,21 @@ DEFAULT_MAX_N = {"cpu": 64, "cuda": 2048}
 # target() needs a finite score; an unbounded ratio (NaN output) is a failure anyway and
 # stops the search, so any value far above 1 serves.
 TARGET_CAP = 1e6
-# --reuse-compiled: the campaign runs in rounds of REUSE_ROUND examples; each round's strategy
-# draws 3 in 4 cases with the compile key of one of the last REUSE_POOL distinct keys run so
-# far (verify/strategies.py, ``cases(reuse=)``). A round of 20 is ~30 s of a cold Triton
-# campaign on the H200 (0.66 examples/s): the pool follows the campaign, and Hypothesis's
-# per-run start-up (a few ms) is negligible beside it. 32 keys: each compiled variant is
-# revisited ~every 40 examples, while the free draws keep adding new ones.
+# --reuse-compiled: the campaign runs in rounds of 2, 4, 8, 16, then REUSE_ROUND examples;
+# each round's strategy draws 3 in 4 cases with the compile key of one of the last REUSE_POOL
+# distinct keys run so far (verify/strategies.py, ``cases(reuse=)``). A cold Triton campaign
+# on the H200 compiles for ~8 s per new configuration (7-8 examples in its first minute), so
+# the pool must start after the first examples, not after 20 (measured: with one round of 20
+# first, a 1-minute cold campaign never left it); 20 later is ~30 s at the warm rate of 0.66
+# examples/s, against Hypothesis's per-run start-up of a few ms. 32 keys: each compiled
+# variant is revisited ~every 40 examples, while the free draws keep adding new ones.
 REUSE_ROUND = 20
 REUSE_POOL = 32
+
+
+def reuse_round(round_no: int) -> int:
+    """Examples in round ``round_no`` (0-based) of a --reuse-compiled campaign."""
+    return min(REUSE_ROUND, 2 ** (round_no + 1))
 
 
 # Shrinking a crash-class failure runs each candidate in a fresh worker: a fork plus the
@@ -690,8 +697,8 @@ class Campaign:
                              "timeouts": 0, "best": None, "first": None, "last": None,
                              "outcomes": {}}
                     try:
-                        self._run_once(bar, min(left, REUSE_ROUND) if self.reuse_compiled
-                                       else left, state, round_no)
+                        self._run_once(bar, min(left, reuse_round(round_no))
+                                       if self.reuse_compiled else left, state, round_no)
                     except _StopCampaign:
                         if state["best"] is not None:
                             bar.close()
