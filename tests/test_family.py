@@ -597,3 +597,35 @@ def test_run_family_keys_the_forward_by_kv_splits(monkeypatch):
         for t, want in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), strict=True):
             assert torch.equal(got[name][t], want), (name, t)
     assert not torch.equal(got["plain"]["out"], got["s3"]["out"])
+
+
+def test_fma_chain_is_one_running_sum_per_gradient():
+    """accumulate="fma_chain": with one query row each dK/dV element is one product, bit for
+    bit the blocked value; over many rows of positive terms (P, dO = 1) the running sum loses
+    what falls under half an ulp of it, a negative bias the blocked sums do not have; dQ with
+    one key is one product too; float64 ("exact") is unchanged."""
+    torch.manual_seed(3)
+
+    def kw_of(q, k, v):
+        return dict(query=q, key=k, value=v, attn_mask=None)
+
+    q, k, v = (torch.rand(1, 1, n, 4) * 4 - 2 for n in (1, 9, 9))
+    one = [_run(kw_of(q, k, v), torch.ones(1, 1, 1, 4), accumulate=a)
+           for a in ("blocked", "fma_chain")]
+    assert all(_same(a, b) for a, b in zip(one[0][2][1:], one[1][2][1:], strict=True))
+    q = torch.rand(1, 1, 1500, 4) * 4 - 2
+    single = [_run(kw_of(q, k[:, :, :1], v[:, :, :1]), torch.rand(1, 1, 1500, 4),
+                   accumulate=a) for a in ("blocked", "fma_chain")]
+    assert _same(single[0][2][0], single[1][2][0])  # dq over one key: one product
+    # the H200 case's shape: 81 keys, uniform(4), many P_ij below half an ulp of dv_j
+    q, k, v = (torch.rand(1, 1, n, 8) * 8 - 4 for n in (1500, 81, 81))
+    dout = torch.ones(1, 1, 1500, 8)
+    vd = v.double().requires_grad_()
+    torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), vd).backward(
+        dout.double())
+    bias = {a: float((_run(kw_of(q, k, v), dout, accumulate=a)[2][2].double() - vd.grad).mean())
+            for a in ("blocked", "fma_chain")}
+    assert bias["fma_chain"] < 0 and abs(bias["fma_chain"]) > 3 * abs(bias["blocked"]), bias
+    exact = [_run(kw_of(q.double(), k.double(), v.double()), dout.double(), precision="exact",
+                  accumulate=a)[2][2] for a in ("blocked", "fma_chain")]
+    assert _same(*exact)
