@@ -579,17 +579,18 @@ def _chain_grads(ar, p, q, k, do, pr, dsr):
     ``gqa_reduce="group_fp32"`` through the group's heads one after the other into one
     accumulator per kv head. ``pr`` and ``dsr`` are P and dS as the products read them
     (B, Hq, Nq, Nk)."""
-    kx = k  # (B, Hq, Nk, D): K already expanded per query head
+    # k is expanded per query head here (B, Hq, Nk, D)
     dq = _fma_chain(ar, torch.zeros_like(q),
-                    ((dsr[..., j, None], kx[:, :, j, None, :]) for j in range(p.Nk)))
-    heads = [(slice(None), None)] if not ar.group_acc else [
-        (slice(h, None, p.group), h) for h in range(p.group)]
+                    ((dsr[..., j, None], k[:, :, j, None, :]) for j in range(p.Nk)))
+    # query head c·g + h belongs to kv head c: slice h::g takes member h of every group
+    heads = [slice(None)] if not ar.group_acc else [
+        slice(h, None, p.group) for h in range(p.group)]
     shape = (p.B, p.Hkv if ar.group_acc else p.Hq, p.Nk, p.D)
     grads = []
     for a in (pr, dsr):
         b_src = do if a is pr else q
         terms = ((a[:, hs, i, :, None], b_src[:, hs, i, None, :])
-                 for hs, _ in heads for i in range(p.Nq))
+                 for hs in heads for i in range(p.Nq))
         grads.append(_fma_chain(ar, torch.zeros(shape, dtype=ar.acc, device=q.device), terms))
     return dq, grads[1], grads[0]
 
@@ -821,6 +822,10 @@ def _make_arith(dtype, precision, **switches) -> _Arith:
             f"tf32: only for float32 inputs with precision='emulate'; got {dtype} "
             f"with precision={precision!r}"
         )
+    if ar.tf32 and sw["accumulate"] == "fma_chain":
+        # TF32 products run on tensor cores (blocked sums), never as a chain of scalar FMAs
+        raise ValueError("accumulate='fma_chain' excludes tf32=True: TF32 dot products run "
+                         "on tensor cores; use accumulate='blocked' with tf32")
     return ar
 
 

@@ -407,9 +407,13 @@ def test_switches_rejected_with_names():
     for name, bad in (("gqa_reduce", "sum"), ("scale_at", "k"), ("p_precision", "fp16"),
                       ("ds_precision", None), ("ds_scale", "never"),
                       ("flush_subnormals", 1), ("tf32", "yes"), ("normalize", "mul"),
-                      ("exp_accuracy", "fast"), ("tf32_rounding", "down")):
+                      ("exp_accuracy", "fast"), ("tf32_rounding", "down"),
+                      ("accumulate", "pairwise")):
         with pytest.raises(ValueError, match=name):
             reference.online_attention(**kw, **{name: bad})
+    kw32 = make_problem(B=1, Hq=1, Hkv=1, Nq=3, Nk=3, D=2, seed=0, dtype=torch.float32)
+    with pytest.raises(ValueError, match="fma_chain.*tf32"):
+        reference.online_attention(**kw32, tf32=True, accumulate="fma_chain")
 
 
 # ---------------------------------------------------------------- the family
