@@ -33,6 +33,7 @@ EXP_ACCURACIES = ("library", "approx")
 TF32_ROUNDINGS = ("nearest", "truncate")
 BWD_SCORES = ("as_forward", "k16")
 ACCUMULATES = ("blocked", "fma_chain")
+FP32_DOTS = ("ieee", "3xtf32")
 
 
 @dataclass(frozen=True)

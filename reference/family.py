@@ -14,8 +14,8 @@ each member, real kernels that make its choice.
   ``tf32`` and ``tf32_truncated`` only for fp32 inputs whose kernel declares TF32;
   ``exp2_approx`` only for fp32 inputs; the :data:`OPT_IN` members (``q_prescaled``,
   ``q_exp2_prescaled``, ``split_kv``, ``bwd_scores_k16``, ``qk_sqrt_scaled``,
-  ``fp32_fma_chain``) only when the kernel declares them (``fp32_fma_chain`` for fp32
-  inputs without TF32 only).
+  ``fp32_fma_chain``, ``fp32_3xtf32``) only when the kernel declares them (the last two
+  for fp32 inputs without TF32 only).
 - ``run_family(query, key, value, grad_out, ...)``: every member on the same inputs; per
   member the output and (with ``grad_out``) dq, dk, dv, exactly as
   ``online_attention(..., **kwargs)`` and autograd with that ``grad_out`` give them.
@@ -62,6 +62,7 @@ FAMILY: dict[str, dict] = {
     "bwd_scores_k16": dict(_BASE, bwd_scores="k16"),
     "split_kv": dict(block_m=128, block_n=16, kv_splits=4),
     "fp32_fma_chain": dict(_BASE, accumulate="fma_chain", gqa_reduce="group_fp32"),
+    "fp32_3xtf32": dict(_BASE, fp32_dot="3xtf32"),
 }
 
 FAMILY_NOTES: dict[str, str] = {
@@ -149,6 +150,12 @@ FAMILY_NOTES: dict[str, str] = {
                       "are lost: with positive terms (P, dO = 1) a bias that grows with the "
                       "row count (H200, triton-fa1, 1934 rows: dv 3.7x the blocked members', "
                       "mean error -3.6e-5 at 21.5)",
+    "fp32_3xtf32": "fp32 inputs, every GEMM as three TF32 tensor-core products (CUTLASS's "
+                   "OpMultiplyAddFastF32: each operand split into tf32(x) and tf32(x − "
+                   "tf32(x)), small·small dropped): PyTorch's memory-efficient SDPA backend "
+                   "for fp32 on sm80 and later (gemm_kernel_utils.h, DefaultGemmType<float>), "
+                   "CUTLASS 3xTF32 GEMMs. About 2^-21 relative per product against fp32's "
+                   "2^-24 (H200, sdpa-efficient, fp32 D 72: dv 3.8x the IEEE members')",
     "bwd_scores_k16": "the backward recomputes S = QKᵀ in another summation order over the "
                       "head dim than the forward whose lse it uses (its own GEMM blocking, or "
                       "MMA k-steps of 16), so P = exp(S − lse) is off by the difference of two "
@@ -184,8 +191,10 @@ _LOOP_KEYS = dict(block_m=128, block_n=128, order="fa2")
 # - fp32_fma_chain: a running sum of n terms loses up to n·u_acc of its mass where a blocked
 #   sum loses ~√(block)·u: 8x the others' dv on a 1934-row fp32 case (our Triton kernels
 #   declare it).
+# - fp32_3xtf32: ~2^-21 per product where the IEEE members make 2^-24: up to 8x their error
+#   on every fp32 tensor (the sdpa-efficient builtin declares it).
 OPT_IN = ("q_prescaled", "q_exp2_prescaled", "split_kv", "bwd_scores_k16", "qk_sqrt_scaled",
-          "fp32_fma_chain")
+          "fp32_fma_chain", "fp32_3xtf32")
 
 
 def family_members(dtype, *, gqa: bool, tf32: bool, declared=()) -> dict[str, dict]:
@@ -214,8 +223,9 @@ def family_members(dtype, *, gqa: bool, tf32: bool, declared=()) -> dict[str, di
     if not (tf32 and dtype == torch.float32):
         skip.update(("tf32", "tf32_truncated"))
     if dtype != torch.float32 or tf32:
-        # Below fp32 (and with TF32) the products run on tensor cores: blocked sums.
-        skip.add("fp32_fma_chain")
+        # Below fp32 (and with TF32) the products run on tensor cores: blocked sums; fp32
+        # split into TF32 parts is an fp32 choice, and looser TF32 members cover it.
+        skip.update(("fp32_fma_chain", "fp32_3xtf32"))
     if dtype != torch.float32:
         # An exponential's 2^-22 is invisible below fp32, where P is rounded to 2^-8..2^-11.
         skip.add("exp2_approx")

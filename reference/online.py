@@ -62,6 +62,7 @@ import torch
 
 from ._validate import (
     ACCUMULATES,
+    FP32_DOTS,
     BWD_SCORES,
     DS_SCALES,
     EXP_ACCURACIES,
@@ -222,7 +223,7 @@ class _Arith:
         ds_precision: str = "input", ds_scale: str = "after_round", tf32: bool = False,
         normalize: str = "divide", exp_accuracy: str = "library",
         tf32_rounding: str = "nearest", kv_splits: int = 1, bwd_scores: str = "as_forward",
-        accumulate: str = "blocked",
+        accumulate: str = "blocked", fp32_dot: str = "ieee",
     ):
         if precision == "exact":
             self.operand = self.acc = torch.float64
@@ -246,6 +247,7 @@ class _Arith:
         self.bwd_k_steps = bwd_scores == "k16"
         # A running sum is a rounding model of fp32 accumulators only (float64 is exact here).
         self.fma_chain = accumulate == "fma_chain" and self.acc == torch.float32
+        self.x3tf32 = fp32_dot == "3xtf32"
 
     def ftz(self, x: torch.Tensor) -> torch.Tensor:
         """Flush accumulator-dtype subnormals to zero when flushing; else ``x`` itself."""
@@ -311,6 +313,8 @@ class _Arith:
         (with ``tf32``: operands rounded to TF32 first, fp32 accumulation)."""
         if self.tf32:
             a, b = self.to_tf32(a), self.to_tf32(b)
+        elif self.x3tf32:
+            return self.ftz(_mm_3xtf32(a, b))
         return self.ftz(torch.matmul(a, b))
 
     def mm_scores(self, a: torch.Tensor, b: torch.Tensor, backward: bool) -> torch.Tensor:
@@ -323,6 +327,16 @@ class _Arith:
         for i in range(K_STEP, a.shape[-1], K_STEP):
             acc = self.ftz(acc + self.mm(a[..., i:i + K_STEP], b[..., i:i + K_STEP, :]))
         return acc
+
+
+def _mm_3xtf32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a·b of fp32 operands as three TF32 products (CUTLASS's OpMultiplyAddFastF32): each
+    operand split into big = tf32(x) and small = tf32(x − big), the small·small product
+    dropped, the rest accumulated in fp32, small terms first. Every product keeps about 21
+    of fp32's 24 bits (the small part's rounding and the dropped term)."""
+    ab, bb = round_tf32(a), round_tf32(b)
+    as_, bs = round_tf32(a - ab), round_tf32(b - bb)
+    return (torch.matmul(as_, bb) + torch.matmul(ab, bs)) + torch.matmul(ab, bb)
 
 
 @contextlib.contextmanager
@@ -542,7 +556,9 @@ def _backward_fa2(ar, p, q, k, v, attn_mask, out, lse, dout, bm, bn, want_dbias)
             qi, do_i = q[:, :, rs], do[:, :, rs]
             s, fused = _scores(ar, p, qi, kj, attn_mask, rows, cols, backward=True)
             pt = ar.exp_minus(s, fused, lse_shift[:, :, rs].unsqueeze(-1))
-            dp = ar.mm(do_i, vj.transpose(-2, -1))
+            dp = ar.mm(do_i, vj.transpose(-2, -1)) if chain is None else _fma_chain(
+                ar, torch.zeros(*qi.shape[:-1], kj.shape[-2], dtype=ar.acc, device=q.device),
+                ((do_i[..., d, None], vj[..., None, :, d]) for d in range(p.D)))
             ds = ar.ftz(pt * (dp - delta[:, :, rs].unsqueeze(-1)))
             ds_r = ar.rnd_ds(ar.ftz(ds * p.scale) if ar.ds_before_round else ds)
             if chain is not None:
@@ -789,7 +805,7 @@ SWITCH_DEFAULTS = dict(
     gqa_reduce="per_head_fp32", flush_subnormals=False, scale_at="scores",
     p_precision="input", ds_precision="input", ds_scale="after_round", tf32=False,
     normalize="divide", exp_accuracy="library", tf32_rounding="nearest", kv_splits=1,
-    bwd_scores="as_forward", accumulate="blocked",
+    bwd_scores="as_forward", accumulate="blocked", fp32_dot="ieee",
 )
 
 
@@ -816,11 +832,19 @@ def _make_arith(dtype, precision, **switches) -> _Arith:
         kv_splits=check_count("kv_splits", sw["kv_splits"]),
         bwd_scores=check_choice("bwd_scores", sw["bwd_scores"], BWD_SCORES),
         accumulate=check_choice("accumulate", sw["accumulate"], ACCUMULATES),
+        fp32_dot=check_choice("fp32_dot", sw["fp32_dot"], FP32_DOTS),
     )
     if ar.tf32 and (dtype != torch.float32 or precision != "emulate"):
         raise ValueError(
             f"tf32: only for float32 inputs with precision='emulate'; got {dtype} "
             f"with precision={precision!r}"
+        )
+    if ar.x3tf32 and (dtype != torch.float32 or precision != "emulate" or ar.tf32
+                      or sw["accumulate"] == "fma_chain"):
+        raise ValueError(
+            f"fp32_dot='3xtf32': only for float32 inputs with precision='emulate', without "
+            f"tf32=True or accumulate='fma_chain'; got {dtype} with precision={precision!r}, "
+            f"tf32={ar.tf32}, accumulate={sw['accumulate']!r}"
         )
     if ar.tf32 and sw["accumulate"] == "fma_chain":
         # TF32 products run on tensor cores (blocked sums), never as a chain of scalar FMAs
@@ -836,7 +860,7 @@ def online_attention(
     gqa_reduce="per_head_fp32", flush_subnormals=False, scale_at="scores",
     p_precision="input", ds_precision="input", ds_scale="after_round", tf32=False,
     normalize="divide", exp_accuracy="library", tf32_rounding="nearest", kv_splits=1,
-    bwd_scores="as_forward", accumulate="blocked",
+    bwd_scores="as_forward", accumulate="blocked", fp32_dot="ieee",
 ):
     """Blocked online-softmax attention (contracts.md §1), FA2 or FA1 loop order.
 
@@ -904,9 +928,14 @@ def online_attention(
       backward's dQ, dK and dV each one running fp32 sum, one fused multiply-add per product
       (acc = fl(acc + a·b)), dQ over the keys in order, dK/dV over the query rows in order,
       per query head or, with ``gqa_reduce="group_fp32"``, through the group's heads one
-      after the other (Triton's IEEE fp32 ``tl.dot(a, b, acc)``). The forward's products
-      and the backward's scores and dP stay blocked (sums over the head dim or within one
-      tile).
+      after the other (Triton's IEEE fp32 ``tl.dot(a, b, acc)``); dP = dO Vᵀ likewise, one
+      running sum over the head dim in order (a row of constant V makes its rounding
+      coherent, and dP − D then keeps it). The forward's products and the backward's
+      scores stay blocked (sums over the head dim or within one tile).
+    - ``fp32_dot``: float32 inputs only: ``"ieee"`` fp32 products; ``"3xtf32"`` every
+      matmul as three TF32 tensor-core products of the operands split into a TF32 part and
+      a TF32 remainder (``_mm_3xtf32``; CUTLASS's OpMultiplyAddFastF32, which PyTorch's
+      memory-efficient SDPA uses for fp32 from sm80 on), about 2^-21 relative per product.
     """
     p = check_attention_args(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
@@ -921,7 +950,7 @@ def online_attention(
         scale_at=scale_at, p_precision=p_precision, ds_precision=ds_precision,
         ds_scale=ds_scale, tf32=tf32, normalize=normalize, exp_accuracy=exp_accuracy,
         tf32_rounding=tf32_rounding, kv_splits=kv_splits, bwd_scores=bwd_scores,
-        accumulate=accumulate,
+        accumulate=accumulate, fp32_dot=fp32_dot,
     )
     if precision == "exact":
         query, key, value = (t.to(torch.float64) for t in (query, key, value))

@@ -181,6 +181,26 @@ def test_result_beyond_the_dtype_range_may_round_to_inf():
     assert v.status == "pass", v.summary()
 
 
+def test_inf_within_the_tolerance_of_the_overflow_threshold_is_the_rounding():
+    """An exact fp16 value of 65512.3 with a tolerance of 432: values from 65520 up round to
+    inf, so a kernel's inf of that sign is a correct rounding (sdpa-efficient's dk on the
+    H200); the opposite sign, or an exact value farther than its tolerance from 65520, is a
+    non-finite failure."""
+    from flashcheck.verify.check import _report
+    want = torch.tensor([65512.3, 65512.3, 60000.0], dtype=torch.float64)
+    tol = torch.tensor([432.0, 432.0, 432.0], dtype=torch.float64)
+
+    def rep(got):
+        return _report("dk", torch.tensor(got, dtype=torch.float16), want, tol, tol * 10,
+                       None, math.inf, "float16")
+
+    ok = rep([math.inf, 65504.0, 60000.0])
+    assert ok.passed and ok.note == "", ok
+    for got in ([-math.inf, 65504.0, 60000.0], [65504.0, 65504.0, math.inf]):
+        r = rep(got)
+        assert not r.passed and "NaN/Inf" in r.note, (got, r)
+
+
 def test_captured_tensors_reach_the_kernel_not_a_draw(tmp_path):
     """A TensorCase describes its tensors with a Case (whose seed draws other inputs); the
     check, and the sweep's prefetched draws, must run the kernel on the captured tensors."""

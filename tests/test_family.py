@@ -617,10 +617,11 @@ def test_fma_chain_is_one_running_sum_per_gradient():
     one = [_run(kw_of(q, k, v), torch.ones(1, 1, 1, 4), accumulate=a)
            for a in ("blocked", "fma_chain")]
     assert all(_same(a, b) for a, b in zip(one[0][2][1:], one[1][2][1:], strict=True))
-    q = torch.rand(1, 1, 1500, 4) * 4 - 2
-    single = [_run(kw_of(q, k[:, :, :1], v[:, :, :1]), torch.rand(1, 1, 1500, 4),
+    q = torch.rand(1, 1, 1500, 1) * 4 - 2
+    single = [_run(kw_of(q, k[:, :, :1, :1], v[:, :, :1, :1]), torch.rand(1, 1, 1500, 1),
                    accumulate=a) for a in ("blocked", "fma_chain")]
-    assert _same(single[0][2][0], single[1][2][0])  # dq over one key: one product
+    # dq over one key and dP over a head dim of 1: one product each
+    assert _same(single[0][2][0], single[1][2][0])
     # the H200 case's shape: 81 keys, uniform(4), many P_ij below half an ulp of dv_j
     q, k, v = (torch.rand(1, 1, n, 8) * 8 - 4 for n in (1500, 81, 81))
     dout = torch.ones(1, 1, 1500, 8)
@@ -633,3 +634,25 @@ def test_fma_chain_is_one_running_sum_per_gradient():
     exact = [_run(kw_of(q.double(), k.double(), v.double()), dout.double(), precision="exact",
                   accumulate=a)[2][2] for a in ("blocked", "fma_chain")]
     assert _same(*exact)
+
+
+def test_fma_chain_forms_dp_as_one_running_sum_over_the_head_dim():
+    """With one key (P = 1, O = V, exact dS = 0) dQ is all rounding of dP − D. Under
+    accumulate="fma_chain", dP = dO·V is the running fp32 sum over the head dim in order, so
+    dq = fl(fl(fl(Σ_seq − D)·K)·scale) bit for bit (H200, triton-fa1, fp32 D 38, constant V
+    row, dO = 1: a tl.dot FMA loop; the blocked members' dP came from cuBLAS's tree)."""
+    d = 38
+    q = torch.full((1, 1, 1, d), 0.3)
+    k = torch.full((1, 1, 1, d), 0.7)
+    v = torch.full((1, 1, 1, d), 0.1)
+    dout = torch.ones(1, 1, 1, d)
+    kw = dict(query=q, key=k, value=v, attn_mask=None)
+    out, _, (dq, _, _) = _run(kw, dout, accumulate="fma_chain")
+    acc = torch.zeros((), dtype=torch.float32)
+    for x in v[0, 0, 0]:
+        acc = (acc.double() + x.double()).float()
+    delta = (dout * out).sum(-1)
+    scale = d ** -0.5
+    want = ((acc - delta)[..., None] * k) * scale
+    assert torch.equal(dq, want.float()), (dq[0, 0, 0, 0], want[0, 0, 0, 0])
+    assert float(acc - delta) != 0.0  # the sequential sum is not the tree's

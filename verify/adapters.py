@@ -271,6 +271,8 @@ def _sdpa_kernel(backend_name: str):
     sdpa.capabilities = {"extensions": (), "causal_with_mask": False}
     if backend_name == "MATH":  # Q and K each times √scale in fp32 (reference/family.py)
         sdpa.capabilities["family"] = ("qk_sqrt_scaled",)
+    elif backend_name == "EFFICIENT_ATTENTION":  # fp32 GEMMs as 3xTF32 (reference/family.py)
+        sdpa.capabilities["family"] = ("fp32_3xtf32",)
     return sdpa
 
 

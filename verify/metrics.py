@@ -89,6 +89,13 @@ def ulp(x: torch.Tensor, dtype: torch.dtype | str) -> torch.Tensor:
     return torch.where(torch.isfinite(a), out, torch.full_like(out, math.nan))
 
 
+def overflow_threshold(dtype: torch.dtype | str) -> float:
+    """The smallest magnitude that rounds to inf in ``dtype`` under round-to-nearest: the
+    largest finite value plus half its spacing (fp16: 65504 + 16 = 65520)."""
+    big = torch.finfo(getattr(torch, dtype_name(dtype))).max
+    return big + 0.5 * float(ulp(torch.tensor(big), dtype))
+
+
 @dataclass
 class Metrics:
     """Error statistics of one tensor (all floats are Python floats)."""

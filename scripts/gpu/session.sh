@@ -37,7 +37,8 @@
 #                                         our two kernels (FUZZ_MIN minutes, fresh seed FUZZ_SEED),
 #                                         the precision mutants (200 examples each), and the gate
 #                                         (FAMILY_TP=0: no throughput; FAMILY_MUTANTS=0: no
-#                                         mutants; FUZZ_GRACE: seconds past
+#                                         mutants; FAMILY_KERNELS: which kernels;
+#                                         FUZZ_GRACE: seconds past
 #                                         FUZZ_MIN before a campaign is stopped, default 150)
 #   bash scripts/gpu/session.sh benchragged  bench_ragged.py alone on the GPU: the varlen and
 #                                         decode kernels beside flex, SDPA per sequence and
@@ -115,7 +116,7 @@ if has family; then
     el "throughput exit=$?"
   fi
   export OMP_NUM_THREADS=1
-  for k in flex sdpa-flash sdpa-efficient sdpa-cudnn sdpa-math triton triton-fa1; do
+  for k in ${FAMILY_KERNELS:-flex sdpa-flash sdpa-efficient sdpa-cudnn sdpa-math triton triton-fa1}; do
     job "fuzz-$k" $(( ${FUZZ_MIN:-6} * 60 + ${FUZZ_GRACE:-150} )) python3 -m flashcheck fuzz --kernel "$k" --device cuda \
       --minutes "${FUZZ_MIN:-6}" --keep-going --seed "${FUZZ_SEED:-20261201}" --out "$R/fuzz/$k"
   done
@@ -298,7 +299,12 @@ if has replays; then
   for spec in "tests/data/sdpa_math_h200_qk_sqrt_scale.json sdpa-math" \
       "tests/data/triton_fa1_h200_fma_chain.json triton-fa1" \
       "tests/data/triton_fa1_h200_fma_chain.json triton" \
-      "docs/reports/h200/ragged/sdpa-varlen/numerical-da1989d03f.json sdpa-varlen"; do
+      "docs/reports/h200/ragged/sdpa-varlen/numerical-da1989d03f.json sdpa-varlen" \
+      "tests/data/triton_fa1_h200_fma_chain_dp.json triton-fa1" \
+      "tests/data/triton_fa1_h200_fma_chain_dp.json triton" \
+      "tests/data/sdpa_efficient_h200_3xtf32.json sdpa-efficient" \
+      "tests/data/sdpa_efficient_h200_row_rank1.json sdpa-efficient" \
+      "tests/data/sdpa_efficient_h200_overflow.json sdpa-efficient"; do
     set -- $spec
     job "replay-$2-$(basename "$1" .json)" 240 python3 -m flashcheck repro "$1" --kernel "$2" \
       --device cuda

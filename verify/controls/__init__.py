@@ -49,6 +49,9 @@ CONTROLS: tuple[Control, ...] = (
                          "subnormals (FA2 CUDA's --use_fast_math preprocessing)"),
     Control("fp32_fma_chain", "fp32 dK/dV as running sums, one FMA per product (Triton's "
                               "IEEE fp32 tl.dot on CUDA; declares fp32_fma_chain)"),
+    Control("fp32_3xtf32", "every fp32 product as three TF32 products of split operands "
+                           "(CUTLASS 3xTF32, PyTorch's memory-efficient SDPA; declares "
+                           "fp32_3xtf32)"),
     Control("tf32_matmuls", "every fp32 product's operands rounded to TF32 (declares tf32)"),
     Control("tf32_truncated",
             "every fp32 product's operands truncated to TF32, Hopper wgmma (declares tf32)"),
