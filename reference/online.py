@@ -62,10 +62,10 @@ import torch
 
 from ._validate import (
     ACCUMULATES,
-    FP32_DOTS,
     BWD_SCORES,
     DS_SCALES,
     EXP_ACCURACIES,
+    FP32_DOTS,
     GQA_REDUCES,
     NORMALIZES,
     OPERAND_PRECISIONS,
