@@ -31,15 +31,6 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "tr
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 MAX_HEAD_DIM = 256
-
-
-def dot_family(tf32: bool) -> tuple[str, ...]:
-    """The opt-in implementation choices (contracts.md section 2, ``family``) our fp32 dot
-    products make: on NVIDIA GPUs Triton lowers an IEEE fp32 ``tl.dot(a, b, acc)`` to one
-    fused multiply-add per product into ``acc``, so the backward's dQ, dK and dV are running
-    sums (``fp32_fma_chain``). The interpreter's ``tl.dot`` is a numpy matmul, and TF32 dot
-    products run on tensor cores: neither makes the choice."""
-    return () if INTERPRET or tf32 else ("fp32_fma_chain",)
 ALIGNMENTS = ("top_left", "bottom_right")
 
 BF16_INTERPRETER_REASON = (
@@ -76,6 +67,15 @@ class Problem:
     @property
     def group(self) -> int:
         return self.Hq // self.Hkv
+
+
+def dot_family(tf32: bool) -> tuple[str, ...]:
+    """The opt-in implementation choices (contracts.md section 2, ``family``) our fp32 dot
+    products make: on NVIDIA GPUs Triton lowers an IEEE fp32 ``tl.dot(a, b, acc)`` to one
+    fused multiply-add per product into ``acc``, so the backward's dQ, dK, dV and dP are running
+    sums (``fp32_fma_chain``). The interpreter's ``tl.dot`` is a numpy matmul, and TF32 dot
+    products run on tensor cores: neither makes the choice."""
+    return () if INTERPRET or tf32 else ("fp32_fma_chain",)
 
 
 def _is_int(x) -> bool:

@@ -549,8 +549,9 @@ def _backward_fa2(ar, p, q, k, v, attn_mask, out, lse, dout, bm, bn, want_dbias)
     for cols in _tiles(p.Nk, bn):
         cs = slice(cols[0], cols[1])
         kj, vj = k[:, :, cs], v[:, :, cs]
-        dk_j = torch.zeros_like(dk[:, :, cs])
-        dv_j = torch.zeros_like(dv[:, :, cs])
+        if chain is None:  # the chains' sums are formed after the loop (_chain_grads)
+            dk_j = torch.zeros_like(dk[:, :, cs])
+            dv_j = torch.zeros_like(dv[:, :, cs])
         for rows in _tiles(p.Nq, bm):
             rs = slice(rows[0], rows[1])
             qi, do_i = q[:, :, rs], do[:, :, rs]
@@ -569,8 +570,9 @@ def _backward_fa2(ar, p, q, k, v, attn_mask, out, lse, dout, bm, bn, want_dbias)
                 dq[:, :, rs] += ar.mm(ds_r, kj)
             if dbias is not None:
                 dbias[:, :, rs, cs] = ds
-        dk[:, :, cs] = dk_j
-        dv[:, :, cs] = dv_j
+        if chain is None:
+            dk[:, :, cs] = dk_j
+            dv[:, :, cs] = dv_j
     if chain is not None:
         dq, dk, dv = _chain_grads(ar, p, q, k, do, *chain)
     if not ar.ds_before_round:

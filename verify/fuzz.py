@@ -266,11 +266,8 @@ class Campaign:
             self.draw_dtypes = draw_dtypes(caps, self.device, self.dtypes)
             if default_n:
                 self.max_n = default_max_n(caps, self.max_n)
-            from flashcheck.verify.strategies import cases
-
             # Built once here so bad bounds surface as a usage error before anything runs.
-            self.strategy = cases(dtypes=self.draw_dtypes, max_n=self.max_n,
-                                  capabilities=caps)
+            self.strategy = self._cases()
         except BaseException:
             self.sup.close()
             raise
@@ -364,17 +361,22 @@ class Campaign:
 
         return prop
 
+    def _cases(self, reuse=()):
+        """The campaign's case strategy (its dtypes, max N and the kernel's capabilities);
+        ``reuse``: cases already run, whose compile keys 3 draws in 4 take
+        (``--reuse-compiled``)."""
+        from flashcheck.verify.strategies import cases
+
+        return cases(dtypes=self.draw_dtypes, max_n=self.max_n,
+                     capabilities=self.capabilities, reuse=reuse)
+
     def _run_once(self, bar: Progress, max_examples: int, state: dict, round_no: int) -> None:
         from hypothesis import HealthCheck, Phase, Verbosity, given, settings
         from hypothesis import seed as hyp_seed
         db = example_database(self.db, self.out)
         strategy = self.strategy
         if self.reuse_compiled and self.compiled:
-            from flashcheck.verify.strategies import cases
-
-            strategy = cases(dtypes=self.draw_dtypes, max_n=self.max_n,
-                             capabilities=self.capabilities,
-                             reuse=list(self.compiled.values())[-REUSE_POOL:])
+            strategy = self._cases(reuse=list(self.compiled.values())[-REUSE_POOL:])
         test = given(strategy)(self._property(bar, state))
         test = settings(database=db, max_examples=max_examples, deadline=None,
                         phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target,

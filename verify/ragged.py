@@ -39,6 +39,7 @@ the sequence's start with a different tile boundary, a member choice the family 
 from __future__ import annotations
 
 import torch
+from flashcheck.reference.masks import structural_mask
 from flashcheck.verify.distributions import stream
 
 __all__ = ["APIS", "RAGGED_APIS", "MAX_NEW_TOKENS", "normalize_ragged", "ragged_mask",
@@ -159,8 +160,6 @@ def document_mask(lens_q, lens_k, *, is_causal, causal_alignment, window,
                   device="cpu") -> torch.Tensor:
     """The (Σ lens_q, Σ lens_k) bool mask of packed sequences: block-diagonal, sequence b's
     block its own causal/window rule (``structural_mask`` with its Lq, Lk)."""
-    from flashcheck.reference.masks import structural_mask
-
     mask = torch.zeros(sum(lens_q), sum(lens_k), dtype=torch.bool, device=device)
     q0 = k0 = 0
     for lq, lk in zip(lens_q, lens_k, strict=True):
@@ -296,7 +295,6 @@ def _sdpa_masked(q, k, v, allowed, scale):
 def sdpa_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                 *, is_causal=False, scale=None, window=None, causal_alignment="top_left"):
     """The varlen API as one SDPA call per sequence (PyTorch picks the backend)."""
-    from flashcheck.reference.masks import structural_mask
 
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     outs = []
@@ -317,7 +315,6 @@ def sdpa_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max
 
 def sdpa_decode(query, k_cache, v_cache, cache_seqlens, block_table, *, scale=None):
     """The decode API as one SDPA call per sequence on its keys gathered from the pages."""
-    from flashcheck.reference.masks import structural_mask
 
     page = k_cache.shape[1]
     nq = query.shape[1]
