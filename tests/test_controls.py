@@ -207,3 +207,23 @@ def test_3xtf32_member_covers_the_h200_efficient_case():
     ctl = importlib.import_module("flashcheck.verify.controls.fp32_3xtf32").attention
     v = check_case(ctl, case, "cpu")
     assert v.status == "pass", v.summary()
+
+
+def test_a_few_keys_roundings_in_dq_are_few_samples():
+    """The bwd_scores_reordered control (fp16 outliers, 10 query rows, D 72) once failed
+    dq's RMSE rule at 1.06x: its errors are a few keys' score roundings carried along
+    their K_j, which the distinct values counted as 146 samples. Counted by rows and
+    directions they are 34, under N_EFF_MIN: the RMSE rule stands aside, the elementwise
+    rule judges (and passes)."""
+    from pathlib import Path
+
+    from flashcheck.verify.bounds import N_EFF_MIN
+    from flashcheck.verify.cases import load_case_file
+    from flashcheck.verify.check import check_case
+
+    path = Path(__file__).parent / "data" / "bwd_scores_reordered_control_dq_directions.json"
+    case, _ = load_case_file(path)
+    ctl = importlib.import_module("flashcheck.verify.controls.bwd_scores_reordered").attention
+    v = check_case(ctl, case, "cpu")
+    assert v.status == "pass", v.summary()
+    assert v.tensors["dq"].n_eff < N_EFF_MIN, v.tensors["dq"].n_eff

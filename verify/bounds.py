@@ -689,13 +689,16 @@ def _row_directions(err: torch.Tensor) -> float:
     """Independent errors behind a (B, H, N, D) error tensor counted by its rows: the rows'
     energies (sum over d of e^2) as tail-discounted samples, times the directions they take:
     the participation ratio (sum lambda)^2 / sum lambda^2 of the eigenvalues of the D x D
-    Gram matrix E^T E, rescaled so that independent Gaussian errors give D (their element
-    count in all); errors e_jd = u_j w_d (one rounding per row j carried along a fixed
-    vector w: dK_j = sum_i dS_ij Q_i when every query row is the same Q) give one per row,
-    however many distinct values they take (sdpa-efficient on the H200, bf16 constant_rows,
-    dk: 56% of the baseline's squared error in one key row, 96% of the kernel's; 92 samples
-    where the distinct values counted 640, so the RMSE rule no longer compares two draws
-    of one random walk)."""
+    Gram matrix E^T E, corrected for the row count, so that independent Gaussian errors
+    give D directions (their element count in all) and errors in k directions k. Errors
+    e_jd = u_j w_d (one rounding per row j carried along a fixed vector w: dK_j = sum_i
+    dS_ij Q_i when every query row is the same Q) give one per row, however many distinct
+    values they take (sdpa-efficient on the H200, bf16 constant_rows, dk: 56% of the
+    baseline's squared error in one key row, 96% of the kernel's; 92 samples where the
+    distinct values counted 640, so the RMSE rule no longer compares two draws of one
+    random walk). Likewise a few keys' roundings carried along their K_j into dq (the
+    bwd_scores_reordered control, fp16 outliers, 10 rows of D 72: dq's RMSE 1.06x a rule
+    that counted 146 samples)."""
     x = err.detach().to(torch.float64).reshape(-1, err.shape[-1])
     x = torch.where(torch.isfinite(x), x, torch.zeros_like(x))
     r = (x * x).sum(-1)
@@ -705,7 +708,9 @@ def _row_directions(err: torch.Tensor) -> float:
     if n_rows == 0 or not float(norm2) > 0:
         return 0.0
     rows = float((r > 0).sum())
-    d = x.shape[-1]
-    # R independent rows of D independent errors have a ratio of about RD / (R + D)
-    # (Marchenko-Pastur: sum lambda^2 ~ RD(R + D) for sum lambda ~ RD): rescaled to D.
-    return n_rows * min(float(d), float(torch.trace(g) ** 2 / norm2) * (rows + d) / rows)
+    pr = float(torch.trace(g) ** 2 / norm2)
+    # R rows of errors spread evenly over d independent directions give a sample ratio of
+    # about Rd / (R + d) (Marchenko-Pastur: sum lambda^2 ~ Rd(R + d) for sum lambda ~ Rd),
+    # so d = pr R / (R - pr): D for independent errors, k for errors in k directions.
+    d = float(x.shape[-1])
+    return n_rows * (d if pr >= rows else min(d, pr * rows / (rows - pr)))
