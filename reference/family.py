@@ -61,6 +61,7 @@ FAMILY: dict[str, dict] = {
     "tf32_truncated": dict(_BASE, tf32=True, tf32_rounding="truncate"),
     "bwd_scores_k16": dict(_BASE, bwd_scores="k16"),
     "split_kv": dict(block_m=128, block_n=16, kv_splits=4),
+    "split_kv_halves": dict(block_m=128, block_n=16, kv_splits=2),
     "fp32_fma_chain": dict(_BASE, accumulate="fma_chain", gqa_reduce="group_fp32"),
     "fp32_3xtf32": dict(_BASE, fp32_dot="3xtf32"),
 }
@@ -156,6 +157,12 @@ FAMILY_NOTES: dict[str, str] = {
                    "for fp32 on sm80 and later (gemm_kernel_utils.h, DefaultGemmType<float>), "
                    "CUTLASS 3xTF32 GEMMs. About 2^-21 relative per product against fp32's "
                    "2^-24 (H200, sdpa-efficient, fp32 D 72: dv 3.8x the IEEE members')",
+    "split_kv_halves": "split_kv with 2 splits: the split count is each kernel's own (a "
+                       "heuristic of the batch, heads and SM count), and where rows are "
+                       "alike the merge's lse roundings are coherent, so their error depends "
+                       "on where the splits fall (the split_kv control, 3 splits of 16-key "
+                       "tiles, fp32 constant_rows: dq 3.9x the 4-split member's, equal to "
+                       "this one's); declared with split_kv",
     "bwd_scores_k16": "the backward recomputes S = QKᵀ in another summation order over the "
                       "head dim than the forward whose lse it uses (its own GEMM blocking, or "
                       "MMA k-steps of 16), so P = exp(S − lse) is off by the difference of two "
@@ -197,6 +204,13 @@ OPT_IN = ("q_prescaled", "q_exp2_prescaled", "split_kv", "bwd_scores_k16", "qk_s
           "fp32_fma_chain", "fp32_3xtf32")
 
 
+# An opt-in choice judged by more than one member (the split count of split-KV is each
+# kernel's own): declaring the choice brings all of them.
+_OPT_IN_MEMBERS = {"split_kv": ("split_kv", "split_kv_halves")}
+# Every member that is judged only when declared.
+OPT_IN_MEMBERS = tuple(m for c in OPT_IN for m in _OPT_IN_MEMBERS.get(c, (c,)))
+
+
 def family_members(dtype, *, gqa: bool, tf32: bool, declared=()) -> dict[str, dict]:
     """The members of ``FAMILY`` that apply to a problem (a new dict of copies, in order).
 
@@ -213,7 +227,7 @@ def family_members(dtype, *, gqa: bool, tf32: bool, declared=()) -> dict[str, di
     if bad:
         raise ValueError(f"declared: {bad} are not opt-in family members; allowed: {OPT_IN}")
     wide = dtype in (torch.float32, torch.float64)
-    skip = {m for m in OPT_IN if m not in declared}
+    skip = {m for c in OPT_IN if c not in declared for m in _OPT_IN_MEMBERS.get(c, (c,))}
     if not gqa:
         skip.update(_GQA_MEMBERS)
     if wide:

@@ -27,7 +27,7 @@ import sys
 import time
 
 import torch
-from flashcheck.reference.family import OPT_IN, family_members, run_family
+from flashcheck.reference.family import OPT_IN, OPT_IN_MEMBERS, family_members, run_family
 from flashcheck.verify.bounds import K_RULE, N_EFF_MIN, effective_samples, error_model
 from flashcheck.verify.cases import Case
 from flashcheck.verify.check import GRADS, _allowed_bias, _reference, _sdpa_kwargs
@@ -93,7 +93,7 @@ def main() -> int:
             # The flush-to-zero member is judged per element where it flushes (verify/bounds.py),
             # not by its tensor-wide error: it is left out of the spread.
             names = [m for m in d if m not in ("n_eff", "floor", "ftz")]
-            default = [m for m in names if m not in OPT_IN]
+            default = [m for m in names if m not in OPT_IN_MEMBERS]
             if len(default) < 2:
                 continue
             for m in names:
@@ -114,11 +114,11 @@ def main() -> int:
                           "floor" if K_RULE[n] * rest_abs <= d["floor"] else "normal")
                 w = worst.setdefault(regime, {}).setdefault(
                     n, {"abs": (0, "", ""), "rms": (0, "", "")})
-                if m in OPT_IN:
+                if m in OPT_IN_MEMBERS:
                     pass  # not part of the default spread K covers
                 elif ra > w["abs"][0] and math.isfinite(ra):
                     w["abs"] = (ra, m, c.short())
-                if m not in OPT_IN and rr > w["rms"][0]:
+                if m not in OPT_IN_MEMBERS and rr > w["rms"][0]:
                     w["rms"] = (rr, m, c.short())
                 pm = per_member.setdefault(regime, {}).setdefault(m, {}).setdefault(
                     n, [0.0, "", 0.0, ""])

@@ -227,3 +227,24 @@ def test_a_few_keys_roundings_in_dq_are_few_samples():
     v = check_case(ctl, case, "cpu")
     assert v.status == "pass", v.summary()
     assert v.tensors["dq"].n_eff < N_EFF_MIN, v.tensors["dq"].n_eff
+
+
+def test_split_kv_is_judged_by_more_than_one_split_count():
+    """The split_kv control (3 splits of 16-key tiles) on fp32 constant_rows: dq 3.9x the
+    4-split member's error, the merge's coherent lse roundings depending on where the splits
+    fall. Declaring split_kv brings split_kv_halves too, which makes the control's error
+    (and names itself)."""
+    from pathlib import Path
+
+    from flashcheck.reference.family import family_members
+    from flashcheck.verify.cases import load_case_file
+    from flashcheck.verify.check import check_case
+
+    assert {"split_kv", "split_kv_halves"} <= set(
+        family_members("float32", gqa=False, tf32=False, declared=("split_kv",)))
+    assert "split_kv_halves" not in family_members("float32", gqa=False, tf32=False)
+    data = Path(__file__).parent / "data"
+    case, _ = load_case_file(data / "split_kv_control_dq_split_count.json")
+    ctl = importlib.import_module("flashcheck.verify.controls.split_kv").attention
+    v = check_case(ctl, case, "cpu")
+    assert v.status == "pass" and v.tensors["dq"].member == "split_kv_halves", v.summary()
