@@ -13,17 +13,9 @@ choice (``capabilities["family"]``): the harness judges it with the member only 
 """
 
 import torch
+from flashcheck.verify.controls.tf32_matmuls import _tf32
 from flashcheck.verify.mutants._blocked import BlockedAttention
 from flashcheck.verify.mutants._common import full_capabilities
-
-
-def _tf32(x: torch.Tensor) -> torch.Tensor:
-    """x to 11 significant bits, rounded to nearest (ties away from zero), as fp32; inf/NaN
-    kept. Written apart from reference.round_tf32 (a control sharing the member's code would
-    pass it by construction)."""
-    m, e = torch.frexp(x.double())
-    r = torch.ldexp(torch.sign(m) * torch.floor(m.abs() * 2048 + 0.5) / 2048, e)
-    return torch.where(torch.isfinite(x), r, x.double()).float()
 
 
 class _ThreeTf32(BlockedAttention):
