@@ -481,3 +481,69 @@ def test_output_with_strides_on_size_one_dims_is_compared_bitwise():
     case = Case(B=1, Hq=1, Hkv=1, Nq=1, Nk=1, D=1, dtype="float16", backward=False, seed=0)
     v = check_case(strided_out, case, "cpu")
     assert v.status == "pass", v.summary()
+
+
+# -- where the judging runs (oracle_device) ------------------------------------------------
+
+def test_small_cases_of_a_gpu_kernel_are_judged_on_the_cpu(monkeypatch):
+    from flashcheck.verify.cases import TensorCase
+    from flashcheck.verify.check import ORACLE_CPU_MAX_WORK, ORACLE_ENV, oracle_device
+
+    monkeypatch.delenv(ORACLE_ENV, raising=False)
+    small = Case(B=2, Hq=4, Hkv=4, Nq=64, Nk=64, D=64)  # 2**21 exactly: the largest on the CPU
+    assert small.B * small.Hq * small.Nq * small.Nk * small.D == ORACLE_CPU_MAX_WORK
+    big = dataclasses.replace(small, Nk=65)
+    assert oracle_device(small, "cuda") == "cpu"
+    assert oracle_device(big, "cuda") == "cuda"
+    assert oracle_device(small, "cuda", "device") == "cuda"
+    assert oracle_device(small, "cpu") == "cpu"
+    captured = TensorCase(path="x.npz", case=small)  # captured tensors: judged where they run
+    assert oracle_device(captured, "cuda") == "cuda"
+    monkeypatch.setenv(ORACLE_ENV, "device")  # the CLI's --oracle-device, in every worker
+    assert oracle_device(small, "cuda") == "cuda"
+    monkeypatch.setenv(ORACLE_ENV, "gpu")
+    with pytest.raises(ValueError, match=r"auto, device \(--oracle-device.*'gpu'"):
+        oracle_device(small, "cuda")
+
+
+def test_judging_apart_from_the_kernel_gives_the_same_verdict(monkeypatch):
+    """The kernel gets its own placement of the same drawn tensors (layout included) when
+    the judging runs elsewhere: "cpu:0" is a device string other than the kernel's "cpu",
+    which takes that path without a GPU (on a GPU: tests/test_check.py's cuda test)."""
+    import flashcheck.verify.check as C
+
+    monkeypatch.setattr(C, "oracle_device", lambda case, device, oracle=None: "cpu:0")
+    seen = []
+
+    def spy(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+            enable_gqa=False):
+        seen.append((tuple(query.shape), query.stride()))
+        return torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+            enable_gqa=enable_gqa)
+
+    case = Case(B=1, Hq=2, Hkv=1, Nq=12, Nk=30, D=16, dtype="float16", layout="strided",
+                seed=9)
+    v = check_case(spy, case, "cpu")
+    assert v.status == "pass", v.summary()
+    laid = case.materialize("cpu").query
+    assert (tuple(laid.shape), laid.stride()) in seen  # the case's strided layout reached it
+    wrong = check_case(amplified(blocked_attention, 4.0), CASE, "cpu")
+    assert wrong.failure == "numerical", wrong.summary()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("case", [
+    CASE,
+    Case(B=2, Hq=4, Hkv=2, Nq=9, Nk=33, D=40, dtype="bfloat16", seed=7),
+    Case(B=1, Hq=2, Hkv=1, Nq=12, Nk=30, D=16, dtype="float16", window=(5, 5),
+         causal_alignment="bottom_right", layout="strided", seed=9),
+], ids=lambda c: c.short())
+def test_cpu_judged_gpu_cases_agree_with_gpu_judged_ones(case):
+    auto = check_case("sdpa-math", case, "cuda", oracle="auto")
+    dev = check_case("sdpa-math", case, "cuda", oracle="device")
+    assert auto.status == dev.status == "pass", (auto.summary(), dev.summary())
+    for n, t in dev.tensors.items():  # the same kernel output, two float64 references
+        assert auto.tensors[n].max_abs == pytest.approx(t.max_abs, rel=1e-6, abs=1e-12), n
+    wrong = check_case(amplified(blocked_attention, 4.0), CASE, "cuda", oracle="auto")
+    assert wrong.failure == "numerical", wrong.summary()

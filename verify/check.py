@@ -68,7 +68,7 @@ from flashcheck.verify.cases import Case, Inputs
 from flashcheck.verify.metrics import abs_error, overflow_threshold, tensor_metrics
 
 __all__ = ["TensorReport", "Verdict", "check_case", "error_ratio", "check_nan_propagation",
-           "BASELINE_BLOCK"]
+           "BASELINE_BLOCK", "ORACLE_DEVICES", "oracle_device"]
 
 # Tile sizes of the emulated baseline member. Large tiles keep the Python loop short; other
 # tilings are members of the family themselves (reference/family.py).
@@ -78,6 +78,17 @@ BASELINE_BLOCK = (128, 128)
 BASELINE_MEMBER = "fa2_128"
 FTZ_MEMBER = "ftz"
 GRADS = ("dq", "dk", "dv")
+# Where the judging runs (steps 3-6 and 8) when the kernel runs on a GPU. A small case's
+# judging is ~2,000 launches of tiny float64 tensors: ~45 ms of one process's time on a GPU,
+# and N worker processes time-share the GPU for them (no MPS), so they stop scaling at ~4.
+# The same case judged on one CPU core takes 8-60 ms (measured for B*Hq*Nq*Nk*D up to 2**21
+# on a 2-core CI machine: median 8 ms below 2**12, 50 ms at 2**20) and leaves the GPU to the
+# kernel alone. Hence: judged on the CPU up to this work, on the kernel's device above it
+# (where one bmm of the bounds already costs more on a core than the launches on a GPU).
+# The choice depends on the case only, so a case file replays to the same verdict.
+ORACLE_CPU_MAX_WORK = 1 << 21
+ORACLE_DEVICES = ("auto", "device")
+ORACLE_ENV = "FLASHCHECK_ORACLE_DEVICE"
 _FAIL_ORDER = ("raised", "input_mutated", "aliased_output", "bad_output", "masked_rows",
                "nonfinite", "nondeterministic", "subnormals_flushed", "numerical")
 
@@ -587,9 +598,29 @@ def _to_device_inputs(inputs: Inputs, device: str) -> Inputs:
 # the check
 
 
+def oracle_device(case, device: str, oracle: str | None = None) -> str:
+    """The device that judges ``case`` for a kernel on ``device``: ``oracle`` "device" (the
+    kernel's), or "auto" (default; the environment's FLASHCHECK_ORACLE_DEVICE, set by the
+    CLI's --oracle-device, where ``oracle`` is None): the CPU for a generated case of at most
+    ORACLE_CPU_MAX_WORK = B*Hq*Nq*Nk*D on a GPU kernel (see the constant), else the
+    kernel's device. A captured (tensor) case is judged on the kernel's device."""
+    import os
+
+    if oracle is None:
+        oracle = os.environ.get(ORACLE_ENV) or "auto"
+    if oracle not in ORACLE_DEVICES:
+        raise ValueError(f"oracle device must be one of {', '.join(ORACLE_DEVICES)} "
+                         f"(--oracle-device / {ORACLE_ENV}), got {oracle!r}")
+    if oracle == "device" or torch.device(device).type == "cpu" or not isinstance(case, Case):
+        return device
+    work = case.B * case.Hq * case.Nq * case.Nk * case.D
+    return "cpu" if work <= ORACLE_CPU_MAX_WORK else device
+
+
 def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseline: bool = True,
                inputs: Inputs | None = None, drawn: dict | None = None,
-               strict_subnormals: bool = False, family: str = "lazy") -> Verdict:
+               strict_subnormals: bool = False, family: str = "lazy",
+               oracle: str | None = None) -> Verdict:
     """Run ``kernel`` on ``case`` and judge it (module docstring). ``inputs`` given: those
     (captured) tensors instead of ``case.materialize(device)``; ``drawn``: ``case.draw()``
     done beforehand (a sweep draws the next case while this one runs).
@@ -600,7 +631,9 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
     runs the rest of the family only where that fails: every member's error is at least the
     baseline's, so a pass against the baseline is a pass against the family, and correct
     kernels cost one member instead of ~8. "full" always runs every member, so the report
-    names the member that sets each tensor's tolerance on passing cases too."""
+    names the member that sets each tensor's tolerance on passing cases too.
+    ``oracle``: where the reference, family, bounds and metrics run (:func:`oracle_device`);
+    the kernel always runs on ``device``."""
     if family not in ("lazy", "full"):
         raise ValueError(f"family must be 'lazy' or 'full', got {family!r}")
     t_start = time.perf_counter()
@@ -621,12 +654,17 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
     # Drawn once; every consumer (reference, baseline, each kernel run) gets its own
     # layout-preserving copy, so nothing is shared with the kernel and the inputs are drawn
     # once instead of three times (drawing is CPU work, a large share of a small case).
+    # The judging may run on the CPU (oracle_device): then the kernel gets the same drawn
+    # tensors laid out on its own device.
+    odev = device if inputs is not None else oracle_device(case, device, oracle)
     if inputs is not None:
         master = _to_device_inputs(inputs, device)
-    elif drawn is not None:
-        master = case.place(drawn, device)
+    elif drawn is not None or odev != device:
+        drawn = case.draw() if drawn is None else drawn
+        master = case.place(drawn, odev)
     else:  # a Case draws; a TensorCase loads its captured tensors
         master = case.materialize(device)
+    kmaster = master if odev == device else case.place(drawn, device)
     fresh = master.clone
     inp = fresh()
     with clock("reference"):
@@ -700,7 +738,7 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
     del ref_dev, scratch, model
 
     # The kernel, on fresh inputs (twice, for repeatability).
-    run1, run2 = _leaves(fresh(), backward), _leaves(fresh(), backward)
+    run1, run2 = _leaves(kmaster.clone(), backward), _leaves(kmaster.clone(), backward)
     snapshot = run1.clone()
     verdict.timings = clock.t
 

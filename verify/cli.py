@@ -33,6 +33,7 @@ from flashcheck.verify.supervise import SupervisorError
 
 DEFAULT_OUT = "flashcheck-out"
 DEFAULT_KERNEL = "triton"
+ORACLE_ENV = "FLASHCHECK_ORACLE_DEVICE"  # verify.check.ORACLE_ENV (not imported: see above)
 
 
 class UsageError(Exception):
@@ -293,6 +294,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a subnormal result flushed to 0 fails (subnormals_flushed), and "
                              "flush-to-zero is no longer a correct implementation choice "
                              "(default: accepted, reported as an observation)")
+        sp.add_argument("--oracle-device", choices=("auto", "device"), default=None,
+                        help="where the reference, family and bounds judge a case of a GPU "
+                             "kernel: auto (default) the CPU for small cases "
+                             "(B*Hq*Nq*Nk*D <= 2**21), which N workers then do not share the "
+                             "GPU for, the GPU above; device: always the kernel's device")
         sp.add_argument("--case-timeout", type=_positive_float, default=None, metavar="S",
                         help="seconds one case may take before its worker is killed and the "
                              "case recorded as a 'timeout' failure (default: 60 s + 20x the "
@@ -411,6 +417,9 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["PYTHONPATH"] = os.pathsep.join(
                 add_search_paths(args.path)
                 + [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x])
+        if getattr(args, "oracle_device", None):
+            # Read by check_case in every worker (verify.check.ORACLE_ENV), which inherit it.
+            os.environ[ORACLE_ENV] = args.oracle_device
         if args.command is None:
             parser.print_help()
             return 2

@@ -32,6 +32,7 @@ import importlib.metadata
 import io
 import json
 import math
+import os
 import platform
 import re
 import shlex
@@ -173,8 +174,10 @@ def config_label(key: Mapping[str, Any]) -> str:
 
 
 def replay_command(case_file: str, kernel: str, device: str) -> str:
+    extra = (["--oracle-device", "device"]  # judged where the kernel ran (--oracle-device)
+             if os.environ.get("FLASHCHECK_ORACLE_DEVICE") == "device" else [])
     return shlex.join(["flashcheck", "repro", str(case_file), "--kernel", kernel,
-                       "--device", device])
+                       "--device", device, *extra])
 
 
 def _case_n(case: Mapping[str, Any]) -> int | None:

@@ -76,6 +76,8 @@ def worker_argv(args: Any, index: int, out: Path, db: str, examples: int | None)
         argv += ["--case-timeout", repr(args.case_timeout)]
     if args.strict_subnormals:
         argv.append("--strict-subnormals")
+    if getattr(args, "oracle_device", None):
+        argv += ["--oracle-device", args.oracle_device]
     if getattr(args, "reuse_compiled", False):
         argv.append("--reuse-compiled")
     if getattr(args, "api", None):

@@ -50,7 +50,9 @@
 #                                         "1 2 4 8 16") on each of SCALE_KERNELS (default
 #                                         sdpa-math), SCALE_S seconds each (default 30), then
 #                                         examples/s of every run so far in scale.json;
-#                                         SCALE_COLD=1: each run starts from an empty Triton cache
+#                                         SCALE_COLD=1: each run starts from an empty Triton cache;
+#                                         SCALE_ARGS: more fuzz options (e.g. --oracle-device
+#                                         device), SCALE_TAG: a suffix for the runs' names
 #   bash scripts/gpu/session.sh replays   replays the committed GPU false-alarm cases that new
 #                                         family members explain (tests/data/*_h200_*.json,
 #                                         h200/ragged/sdpa-varlen), side by side
@@ -266,11 +268,11 @@ if has scale; then
   export OMP_NUM_THREADS=1
   for k in ${SCALE_KERNELS:-sdpa-math}; do for n in ${SCALE_N:-1 2 4 8 16}; do
     el "scale $k workers=$n"; t=$(date +%s.%N)
-    cache=$TRITON_CACHE_DIR; run=$k-w$n
+    cache=$TRITON_CACHE_DIR; run=$k-w$n${SCALE_TAG:-}
     [ "${SCALE_COLD:-0}" = 1 ] && cache=$(mktemp -d) && run=$run-cold
     TRITON_CACHE_DIR=$cache timeout -s TERM $(( ${SCALE_S:-30} + 150 )) python3 -m flashcheck \
       fuzz --kernel "$k" --device cuda --workers "$n" --minutes "$(python3 -c \
-      "print(${SCALE_S:-30} / 60)")" --seed 777 --max-n 512 --keep-going \
+      "print(${SCALE_S:-30} / 60)")" --seed 777 --max-n 512 --keep-going ${SCALE_ARGS:-} \
       --out "$R/scale/$run" > "$R/scale-$run.log" 2>&1
     el "scale exit=$?"; mkdir -p "$R/scale/$run"; python3 -c "import time;print(round(time.time()-$t,1))" > "$R/scale/$run/outer_s"
   done; done
