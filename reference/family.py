@@ -152,11 +152,13 @@ FAMILY_NOTES: dict[str, str] = {
                       "row count (H200, triton-fa1, 1934 rows: dv 3.7x the blocked members', "
                       "mean error -3.6e-5 at 21.5)",
     "fp32_3xtf32": "fp32 inputs, every GEMM as three TF32 tensor-core products (CUTLASS's "
-                   "OpMultiplyAddFastF32: each operand split into tf32(x) and tf32(x − "
-                   "tf32(x)), small·small dropped): PyTorch's memory-efficient SDPA backend "
-                   "for fp32 on sm80 and later (gemm_kernel_utils.h, DefaultGemmType<float>), "
-                   "CUTLASS 3xTF32 GEMMs. About 2^-21 relative per product against fp32's "
-                   "2^-24 (H200, sdpa-efficient, fp32 D 72: dv 3.8x the IEEE members')",
+                   "OpMultiplyAddFastF32: each operand split into big = tf32(x) truncated "
+                   "and small = tf32(x − big) rounded, small·small dropped): PyTorch's "
+                   "memory-efficient SDPA backend for fp32 on sm80 and later "
+                   "(gemm_kernel_utils.h, DefaultGemmType<float>), CUTLASS 3xTF32 GEMMs. "
+                   "About 2^-20 relative per product against fp32's 2^-24 (H200, "
+                   "sdpa-efficient, fp32 D 72: dv 3.8x the IEEE members'; fp32 D 12, logits "
+                   "~60: out 4x, at the element the truncated split puts its worst)",
     "split_kv_halves": "split_kv with 2 splits: the split count is each kernel's own (a "
                        "heuristic of the batch, heads and SM count), and where rows are "
                        "alike the merge's lse roundings are coherent, so their error depends "
@@ -198,8 +200,8 @@ _LOOP_KEYS = dict(block_m=128, block_n=128, order="fa2")
 # - fp32_fma_chain: a running sum of n terms loses up to n·u_acc of its mass where a blocked
 #   sum loses ~√(block)·u: 8x the others' dv on a 1934-row fp32 case (our Triton kernels
 #   declare it).
-# - fp32_3xtf32: ~2^-21 per product where the IEEE members make 2^-24: up to 8x their error
-#   on every fp32 tensor (the sdpa-efficient builtin declares it).
+# - fp32_3xtf32: ~2^-20 per product where the IEEE members make 2^-24: up to 16x their
+#   error on every fp32 tensor (the sdpa-efficient builtin declares it).
 OPT_IN = ("q_prescaled", "q_exp2_prescaled", "split_kv", "bwd_scores_k16", "qk_sqrt_scaled",
           "fp32_fma_chain", "fp32_3xtf32")
 

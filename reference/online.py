@@ -331,10 +331,14 @@ class _Arith:
 
 def _mm_3xtf32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a·b of fp32 operands as three TF32 products (CUTLASS's OpMultiplyAddFastF32): each
-    operand split into big = tf32(x) and small = tf32(x − big), the small·small product
-    dropped, the rest accumulated in fp32, small terms first. Every product keeps about 21
-    of fp32's 24 bits (the small part's rounding and the dropped term)."""
-    ab, bb = round_tf32(a), round_tf32(b)
+    operand split into big = tf32(x) truncated (toward zero: NumericConverterFastF32's big
+    part) and small = tf32(x − big) rounded, the small·small product dropped, the rest
+    accumulated in fp32, small terms first. With the big part truncated the small part
+    carries up to 2^-10 |x| (2^-11 rounded), so the dropped product is up to 2^-20 |ab|,
+    4x a rounded split's: every product keeps about 20 of fp32's 24 bits. The truncated
+    split is what reproduces sdpa-efficient's worst element on the H200 (a rounded split
+    puts its worst elsewhere, at a third of the error)."""
+    ab, bb = truncate_tf32(a), truncate_tf32(b)
     as_, bs = round_tf32(a - ab), round_tf32(b - bb)
     return (torch.matmul(as_, bb) + torch.matmul(ab, bs)) + torch.matmul(ab, bb)
 
@@ -935,9 +939,10 @@ def online_attention(
       coherent, and dP − D then keeps it). The forward's products and the backward's
       scores stay blocked (sums over the head dim or within one tile).
     - ``fp32_dot``: float32 inputs only: ``"ieee"`` fp32 products; ``"3xtf32"`` every
-      matmul as three TF32 tensor-core products of the operands split into a TF32 part and
-      a TF32 remainder (``_mm_3xtf32``; CUTLASS's OpMultiplyAddFastF32, which PyTorch's
-      memory-efficient SDPA uses for fp32 from sm80 on), about 2^-21 relative per product.
+      matmul as three TF32 tensor-core products of the operands split into a truncated
+      TF32 part and a rounded TF32 remainder (``_mm_3xtf32``; CUTLASS's
+      OpMultiplyAddFastF32, which PyTorch's memory-efficient SDPA uses for fp32 from sm80
+      on), about 2^-20 relative per product.
     """
     p = check_attention_args(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window,

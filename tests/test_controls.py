@@ -209,6 +209,33 @@ def test_3xtf32_member_covers_the_h200_efficient_case():
     assert v.status == "pass", v.summary()
 
 
+def test_3xtf32_member_truncates_the_big_part_as_the_h200_kernel_does():
+    """sdpa-efficient on the H200 (fp32 D 12, window (0, 19), logits ~60; judged on the CPU,
+    the case's judging device): out -2.71047 for -2.71038 at [0, 0, 128, 7], 9.25e-5 off,
+    1.03x a floor of 9.0e-5, 4x every member that split the operands by rounding. CUTLASS's
+    3xTF32 truncates the big part (the small part then carries up to 2^-10 |x|): the member
+    splitting so puts its own worst error at that very element, 8.1e-5 (a rounded split:
+    2.2e-5, its worst elsewhere)."""
+    from pathlib import Path
+
+    from flashcheck.reference.family import FAMILY, run_family
+    from flashcheck.verify.cases import load_case_file
+    from flashcheck.verify.check import _reference, _sdpa_kwargs
+
+    case, _ = load_case_file(Path(__file__).parent / "data"
+                             / "sdpa_efficient_h200_3xtf32_truncated.json")
+    inp = case.materialize("cpu")
+    want = _reference(inp, False)["out"]
+    kw = _sdpa_kwargs(inp)
+    mask = kw.pop("attn_mask")
+    got = run_family(inp.query, inp.key, inp.value, None, mask,
+                     members={"fp32_3xtf32": FAMILY["fp32_3xtf32"]}, **kw)
+    err = (got["fp32_3xtf32"]["out"].double() - want).abs()
+    worst = tuple(int(i) for i in torch.unravel_index(err.argmax(), err.shape))
+    assert worst == (0, 0, 128, 7)
+    assert 3 * float(err.max()) > 9.25e-5 * 2.5, float(err.max())  # the kernel well inside
+
+
 def test_a_few_keys_roundings_in_dq_are_few_samples():
     """The bwd_scores_reordered control (fp16 outliers, 10 query rows, D 72) once failed
     dq's RMSE rule at 1.06x: its errors are a few keys' score roundings carried along

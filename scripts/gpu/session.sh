@@ -306,7 +306,8 @@ if has replays; then
       "tests/data/triton_fa1_h200_fma_chain_dp.json triton" \
       "tests/data/sdpa_efficient_h200_3xtf32.json sdpa-efficient" \
       "tests/data/sdpa_efficient_h200_row_rank1.json sdpa-efficient" \
-      "tests/data/sdpa_efficient_h200_overflow.json sdpa-efficient"; do
+      "tests/data/sdpa_efficient_h200_overflow.json sdpa-efficient" \
+      "tests/data/sdpa_efficient_h200_3xtf32_truncated.json sdpa-efficient"; do
     set -- $spec
     job "replay-$2-$(basename "$1" .json)" 240 python3 -m flashcheck repro "$1" --kernel "$2" \
       --device cuda
