@@ -423,3 +423,26 @@ def test_strict_subnormals_turns_a_flushed_result_into_a_failure(tmp_path, capsy
     capsys.readouterr()
     assert cli.main([*base, "--strict-subnormals"]) == 1
     assert "subnormals_flushed" in capsys.readouterr().out
+
+
+def test_oracle_device_reaches_workers_and_replay_commands(monkeypatch, tmp_path):
+    """--oracle-device goes to every worker through the environment (read by check_case),
+    to each fuzz worker's command line, and into the replay command of a failure."""
+    from flashcheck.verify.check import ORACLE_ENV
+    from flashcheck.verify.report import replay_command
+    from flashcheck.verify.scale import worker_argv
+
+    assert cli.ORACLE_ENV == ORACLE_ENV
+    monkeypatch.delenv(ORACLE_ENV, raising=False)
+    args = cli.build_parser().parse_args(["fuzz", "--kernel", "sdpa-math", "--workers", "2",
+                                          "--oracle-device", "device"])
+    assert args.oracle_device == "device"
+    argv = worker_argv(args, 1, tmp_path, "db", 10)
+    assert argv[argv.index("--oracle-device") + 1] == "device"
+    assert "--oracle-device" not in replay_command("c.json", "triton", "cuda")
+    monkeypatch.setenv(ORACLE_ENV, "device")
+    assert replay_command("c.json", "triton", "cuda").endswith("--oracle-device device")
+    # main() puts the choice into the environment before any worker starts
+    monkeypatch.delenv(ORACLE_ENV)
+    assert cli.main(["repro", str(tmp_path / "missing.json"), "--oracle-device", "device"]) == 2
+    assert os.environ[ORACLE_ENV] == "device"
