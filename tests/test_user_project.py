@@ -203,6 +203,8 @@ def test_plugin_is_inert_without_a_kernel_and_checks_its_options(project):
          "--flashcheck-case-timeout must be a number > 0"),
         (["--flashcheck-strict-subnormals"],
          "--flashcheck-strict-subnormals: needs --flashcheck-kernel"),
+        (["--flashcheck-kernel", "mod:attention", "--flashcheck-oracle-device", "gpu"],
+         "--flashcheck-oracle-device must be auto or device, got 'gpu'"),
     ]:
         r = _pytest(project, "--collect-only", "-q", *args)
         assert r.returncode == pytest.ExitCode.USAGE_ERROR, (args, r.stdout, r.stderr)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,7 @@ FUZZ_ID = "flashcheck-fuzz"
 ROOT_ID = "flashcheck"
 _SEED_LIMIT = 2**32  # Hypothesis seeds, as `flashcheck fuzz --seed`
 _OPTIONS = ("device", "minutes", "examples", "seed", "budgets", "out", "profile", "configs",
-            "corpus", "case_timeout", "strict_subnormals")
+            "corpus", "case_timeout", "strict_subnormals", "oracle_device")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -91,6 +92,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--flashcheck-strict-subnormals", action="store_const", const=True,
                     default=None, help="a subnormal result flushed to 0 fails, and "
                                        "flush-to-zero leaves the family (as the CLI flag)")
+    group.addoption("--flashcheck-oracle-device", default=None, metavar="auto|device",
+                    help="where a GPU kernel's cases are judged, as --oracle-device (default "
+                         "auto: small cases on the CPU)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -141,6 +145,14 @@ class Settings:
         self.case_timeout = None if t is None else _number(
             "--flashcheck-case-timeout", t, float, math.ulp(0.0), None, "a number > 0")
         self.strict_subnormals = bool(opt("flashcheck_strict_subnormals"))
+        oracle = opt("flashcheck_oracle_device")
+        if oracle is not None:
+            from flashcheck.verify.cli import ORACLE_ENV
+
+            if oracle not in ("auto", "device"):
+                raise pytest.UsageError(
+                    f"--flashcheck-oracle-device must be auto or device, got {oracle!r}")
+            os.environ[ORACLE_ENV] = oracle  # read by check_case in every worker
         profile = opt("flashcheck_profile")
         if profile not in (None, "cpu", "gpu"):
             raise pytest.UsageError(f"--flashcheck-profile must be cpu or gpu, got {profile!r}")
