@@ -528,6 +528,7 @@ def test_judging_apart_from_the_kernel_gives_the_same_verdict(monkeypatch):
     assert v.status == "pass", v.summary()
     laid = case.materialize("cpu").query
     assert (tuple(laid.shape), laid.stride()) in seen  # the case's strided layout reached it
+    assert v.observations["judged_on"] == "cpu:0"
     wrong = check_case(amplified(blocked_attention, 4.0), CASE, "cpu")
     assert wrong.failure == "numerical", wrong.summary()
 
@@ -543,6 +544,7 @@ def test_cpu_judged_gpu_cases_agree_with_gpu_judged_ones(case):
     auto = check_case("sdpa-math", case, "cuda", oracle="auto")
     dev = check_case("sdpa-math", case, "cuda", oracle="device")
     assert auto.status == dev.status == "pass", (auto.summary(), dev.summary())
+    assert auto.observations["judged_on"] == "cpu" and "judged_on" not in dev.observations
     for n, t in dev.tensors.items():  # the same kernel output, two float64 references
         assert auto.tensors[n].max_abs == pytest.approx(t.max_abs, rel=1e-6, abs=1e-12), n
     wrong = check_case(amplified(blocked_attention, 4.0), CASE, "cuda", oracle="auto")

@@ -4,7 +4,10 @@
 
 1. ``kernel.supports(case)``; outside the domain -> ``not_run`` with the reason.
 2. Fresh inputs (``case.materialize(device)`` once, or the captured tensors given); each
-   consumer below gets its own layout-preserving clone.
+   consumer below gets its own layout-preserving clone. Steps 3-6 and 8 (the judging) run
+   on :func:`oracle_device`: the CPU for a small generated case of a GPU kernel, else the
+   kernel's device ("the device" below); the kernel then gets its own placement of the
+   same drawn tensors on its device.
 3. The float64 reference on the device (out, lse; dq, dk, dv by autograd with dO), copied
    (on the device).
 4. The family of correct implementation choices (``reference.family.run_family``: the
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -604,8 +608,6 @@ def oracle_device(case, device: str, oracle: str | None = None) -> str:
     CLI's --oracle-device, where ``oracle`` is None): the CPU for a generated case of at most
     ORACLE_CPU_MAX_WORK = B*Hq*Nq*Nk*D on a GPU kernel (see the constant), else the
     kernel's device. A captured (tensor) case is judged on the kernel's device."""
-    import os
-
     if oracle is None:
         oracle = os.environ.get(ORACLE_ENV) or "auto"
     if oracle not in ORACLE_DEVICES:
@@ -665,6 +667,8 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
     else:  # a Case draws; a TensorCase loads its captured tensors
         master = case.materialize(device)
     kmaster = master if odev == device else case.place(drawn, device)
+    if odev != device:
+        verdict.observations["judged_on"] = odev  # the report says where the oracles ran
     fresh = master.clone
     inp = fresh()
     with clock("reference"):
