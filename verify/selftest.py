@@ -45,6 +45,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import shutil
 import statistics
 import sys
@@ -245,6 +246,18 @@ def _merge(before: CampaignResult | None, res: CampaignResult) -> CampaignResult
     return res
 
 
+def _pool_init(parent_pid: int) -> None:
+    """A pool process ends with ``flashcheck mutants``: it is forked by the forkserver, so
+    nothing else tells it that a killed parent (a CI timeout, SIGTERM) is gone, and it would
+    idle on, keeping the forkserver alive too (the supervised workers' own watch)."""
+    import threading
+
+    from flashcheck.verify.supervise import _watch_parent
+
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True,
+                     name="watch-parent").start()
+
+
 def _control_campaign(args: tuple) -> CampaignResult:
     """One control's campaign in a pool process (``run_selftest(jobs=...)``)."""
     spec, device, kw = args
@@ -309,7 +322,8 @@ def run_selftest(*, device: str, budget_s: float, seed: int, out: Path,
               else dict(seconds=box))
         tasks = [(c.spec, device, dict(kw, seed=seed, out=out / c.name)) for c in ctrls]
         with cf.ProcessPoolExecutor(max_workers=max(1, jobs),
-                                    mp_context=mp.get_context("forkserver")) as pool:
+                                    mp_context=mp.get_context("forkserver"),
+                                    initializer=_pool_init, initargs=(os.getpid(),)) as pool:
             for c, res in zip(ctrls, pool.map(_control_campaign, tasks), strict=True):
                 row = ControlRow(c.name, c.what,
                                  passed=res.first_fail_s is None and not res.error, result=res)
