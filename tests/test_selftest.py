@@ -111,25 +111,6 @@ def test_caught_by_names_class_and_tensor(verdict, want):
     assert selftest._caught_by(verdict) == want
 
 
-def _descendants(pid: int) -> set[int]:
-    """Every live process below ``pid`` (Linux /proc)."""
-    from pathlib import Path
-
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = set(), [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            found.add(c)
-            todo.append(c)
-    return found
-
-
 @pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="reads /proc")
 def test_a_killed_controls_campaign_leaves_no_processes(tmp_path):
     """SIGTERM to `flashcheck mutants --jobs 2` (a CI timeout): its pool processes, forked
@@ -140,6 +121,8 @@ def test_a_killed_controls_campaign_leaves_no_processes(tmp_path):
     import sys
     import time
 
+    from tests.test_supervise import _alive, _descendants
+
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", "flashcheck", "mutants", "--device", "cpu",
                              "--controls-only", "--control-examples", "2000", "--jobs", "2",
@@ -147,7 +130,7 @@ def test_a_killed_controls_campaign_leaves_no_processes(tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
-        below: set[int] = set()
+        below: list[int] = []
         while time.monotonic() < deadline and len(below) < 3:  # forkserver + 2 pool processes
             time.sleep(0.5)
             below = _descendants(proc.pid)
@@ -157,19 +140,10 @@ def test_a_killed_controls_campaign_leaves_no_processes(tmp_path):
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") and
-                                                  "Z" not in _state(p) for p in below):
+        while time.monotonic() < deadline and any(_alive(p) for p in below):
             time.sleep(0.5)
-        left = [p for p in below if os.path.exists(f"/proc/{p}") and "Z" not in _state(p)]
+        left = [p for p in below if _alive(p)]
         assert not left, f"processes left after the campaign was killed: {left}"
     finally:
         if proc.poll() is None:
             proc.kill()
-
-
-def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "Z"
