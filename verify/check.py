@@ -51,6 +51,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from flashcheck.verify import ORACLE_DEVICES, ORACLE_ENV
 from flashcheck.verify.adapters import (
     Kernel,
     as_kernel,
@@ -91,8 +92,6 @@ GRADS = ("dq", "dk", "dv")
 # (where one bmm of the bounds already costs more on a core than the launches on a GPU).
 # The choice depends on the case only, so a case file replays to the same verdict.
 ORACLE_CPU_MAX_WORK = 1 << 21
-ORACLE_DEVICES = ("auto", "device")
-ORACLE_ENV = "FLASHCHECK_ORACLE_DEVICE"
 _FAIL_ORDER = ("raised", "input_mutated", "aliased_output", "bad_output", "masked_rows",
                "nonfinite", "nondeterministic", "subnormals_flushed", "numerical")
 

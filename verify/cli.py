@@ -28,12 +28,11 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from flashcheck.verify import __version__
+from flashcheck.verify import ORACLE_DEVICES, ORACLE_ENV, __version__
 from flashcheck.verify.supervise import SupervisorError
 
 DEFAULT_OUT = "flashcheck-out"
 DEFAULT_KERNEL = "triton"
-ORACLE_ENV = "FLASHCHECK_ORACLE_DEVICE"  # verify.check.ORACLE_ENV (not imported: see above)
 
 
 class UsageError(Exception):
@@ -294,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a subnormal result flushed to 0 fails (subnormals_flushed), and "
                              "flush-to-zero is no longer a correct implementation choice "
                              "(default: accepted, reported as an observation)")
-        sp.add_argument("--oracle-device", choices=("auto", "device"), default=None,
+        sp.add_argument("--oracle-device", choices=ORACLE_DEVICES, default=None,
                         help="where the reference, family and bounds judge a case of a GPU "
                              "kernel: auto (default) the CPU for small cases "
                              "(B*Hq*Nq*Nk*D <= 2**21), which N workers then do not share the "
@@ -418,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
                 add_search_paths(args.path)
                 + [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x])
         if getattr(args, "oracle_device", None):
-            # Read by check_case in every worker (verify.check.ORACLE_ENV), which inherit it.
+            # Read by check_case in every worker, which inherit it.
             os.environ[ORACLE_ENV] = args.oracle_device
         if args.command is None:
             parser.print_help()

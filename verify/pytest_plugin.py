@@ -147,11 +147,11 @@ class Settings:
         self.strict_subnormals = bool(opt("flashcheck_strict_subnormals"))
         oracle = opt("flashcheck_oracle_device")
         if oracle is not None:
-            from flashcheck.verify.cli import ORACLE_ENV
+            from flashcheck.verify import ORACLE_DEVICES, ORACLE_ENV
 
-            if oracle not in ("auto", "device"):
-                raise pytest.UsageError(
-                    f"--flashcheck-oracle-device must be auto or device, got {oracle!r}")
+            if oracle not in ORACLE_DEVICES:
+                raise pytest.UsageError(f"--flashcheck-oracle-device must be "
+                                        f"{' or '.join(ORACLE_DEVICES)}, got {oracle!r}")
             os.environ[ORACLE_ENV] = oracle  # read by check_case in every worker
         profile = opt("flashcheck_profile")
         if profile not in (None, "cpu", "gpu"):

@@ -42,7 +42,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from flashcheck.verify import __version__
+from flashcheck.verify import ORACLE_ENV, __version__
 
 REPORT_FORMAT = "flashcheck-report"
 REPORT_VERSION = 1
@@ -175,7 +175,7 @@ def config_label(key: Mapping[str, Any]) -> str:
 
 def replay_command(case_file: str, kernel: str, device: str) -> str:
     extra = (["--oracle-device", "device"]  # judged where the kernel ran (--oracle-device)
-             if os.environ.get("FLASHCHECK_ORACLE_DEVICE") == "device" else [])
+             if os.environ.get(ORACLE_ENV) == "device" else [])
     return shlex.join(["flashcheck", "repro", str(case_file), "--kernel", kernel,
                        "--device", device, *extra])
 

@@ -250,12 +250,9 @@ def _pool_init(parent_pid: int) -> None:
     """A pool process ends with ``flashcheck mutants``: it is forked by the forkserver, so
     nothing else tells it that a killed parent (a CI timeout, SIGTERM) is gone, and it would
     idle on, keeping the forkserver alive too (the supervised workers' own watch)."""
-    import threading
+    from flashcheck.verify.supervise import watch_parent
 
-    from flashcheck.verify.supervise import _watch_parent
-
-    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True,
-                     name="watch-parent").start()
+    watch_parent(parent_pid)
 
 
 def _control_campaign(args: tuple) -> CampaignResult:

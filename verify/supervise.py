@@ -207,6 +207,14 @@ def _watch_parent(pid: int) -> None:
             pass
 
 
+def watch_parent(pid: int) -> None:
+    """Start the daemon thread of :func:`_watch_parent` in this process."""
+    import threading
+
+    threading.Thread(target=_watch_parent, args=(pid,), daemon=True,
+                     name="watch-parent").start()
+
+
 def _is_cuda_error(text: str) -> bool:
     low = text.lower()
     return any(m in low for m in CUDA_ERROR_MARKERS)
@@ -236,13 +244,11 @@ def _worker_main(conn, spec: str, device: str, threads: int | None, dump_path: s
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     import concurrent.futures as cf
     import faulthandler
-    import threading
     import traceback
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt does
     _die_with_parent()
-    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True,
-                     name="watch-parent").start()
+    watch_parent(parent_pid)
     dump = open(dump_path, "w")  # noqa: SIM115 (open for the process's lifetime)
     faulthandler.enable(dump, all_threads=True)
     if hasattr(signal, "SIGUSR1"):
