@@ -287,6 +287,86 @@ H200_SMEM = 232448  # max_shared_mem reported for an H200 (227 KiB), used by the
 _smem_cache: dict[int, int] = {}
 _mode = ["heuristic"]
 
+# Hopper paths (sm_90 and later, 2-byte dtypes). TMA: the tile loops read their streamed
+# operands (K and V; Q and dO for dK/dV) through tensor descriptors, one bulk tensor copy per
+# tile, instead of per-thread pointer loads. "auto" uses them where the device and dtype
+# allow, "on" wherever the layout allows (the interpreter included: the CPU tests run the
+# descriptor path), "off" never.
+TMA_MODES = ("auto", "on", "off")
+# Schedule flags per (kind, element size): ws, warp-specialise the tile loop (with TMA only);
+# reverse, launch the last tile first under a causal-like band (the forward's and dQ's last
+# query tiles see the most keys); split, the forward holds its query tile as two halves whose
+# Q K^T and softmax interleave.
+SCHEDULE = {
+    ("fwd", 2): dict(ws=False, reverse=True, split=False),
+    ("fwd", 4): dict(ws=False, reverse=True, split=False),
+    ("dkdv", 2): dict(ws=False, reverse=False),
+    ("dkdv", 4): dict(ws=False, reverse=False),
+    ("dq", 2): dict(ws=False, reverse=True),
+    ("dq", 4): dict(ws=False, reverse=True),
+}
+_tma_mode = [os.environ.get("FLASHCHECK_TMA", "auto")]
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor as _TD  # noqa: F401
+    HAS_TMA = True
+except ImportError:  # pragma: no cover - triton < 3.3
+    HAS_TMA = False
+
+
+# Deterministic dQ of 2-byte inputs: "ordered" (fp32 adds inside the dK/dV kernel, taken in
+# key-tile order: 5 matrix products per tile pair) or "separate" (its own kernel per query
+# tile, recomputing Q K^T and dO V^T: 7). fp32 inputs always take the separate kernel, whose
+# dQ is one fp32 FMA chain (``dot_family``).
+DQ_PATHS = ("ordered", "separate")
+_dq_path = [os.environ.get("FLASHCHECK_DQ", "ordered")]
+
+
+def set_dq_path(path: str) -> None:
+    """Select the deterministic dQ path of 2-byte inputs (:data:`DQ_PATHS`)."""
+    if path not in DQ_PATHS:
+        raise ValueError(f"dQ path must be one of {DQ_PATHS}, got {path!r}")
+    _dq_path[0] = path
+
+
+def ordered_dq(elem: int) -> bool:
+    """Whether a deterministic backward of ``elem``-byte inputs takes the ordered dQ path."""
+    return elem == 2 and _dq_path[0] == "ordered"
+
+
+def schedule(kind: str, elem: int) -> dict:
+    """The :data:`SCHEDULE` flags of a launch."""
+    return SCHEDULE[(kind, elem)]
+
+
+def set_tma(mode: str) -> None:
+    """Select when the kernels read tiles through tensor descriptors (:data:`TMA_MODES`)."""
+    if mode not in TMA_MODES:
+        raise ValueError(f"TMA mode must be one of {TMA_MODES}, got {mode!r}")
+    _tma_mode[0] = mode
+
+
+@contextlib.contextmanager
+def tma(mode: str):
+    """Context manager: run the block with TMA ``mode``, then restore the previous one."""
+    prev = _tma_mode[0]
+    set_tma(mode)
+    try:
+        yield
+    finally:
+        _tma_mode[0] = prev
+
+
+def use_tma(device: torch.device, elem: int) -> bool:
+    """Whether a launch on ``device`` with ``elem``-byte operands uses tensor descriptors
+    (the layout is checked by the launcher)."""
+    mode = _tma_mode[0]
+    if mode == "off" or not HAS_TMA:
+        return False
+    if mode == "on":
+        return True
+    return (not INTERPRET and device.type == "cuda" and elem == 2
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
 
 def set_tuning(mode: str) -> None:
     """Select how launch configurations are chosen for every later call.
@@ -405,10 +485,12 @@ def all_points(kind: str) -> list:
     return list(dict.fromkeys(pts))
 
 
-def make_configs(kind: str, outer_name: str, inner_name: str) -> list[triton.Config]:
+def make_configs(kind: str, outer_name: str, inner_name: str,
+                 pre_hook=None) -> list[triton.Config]:
     """The autotuner's config list (the per-call filter runs in :func:`make_pruner`)."""
     pts = [INTERPRETER_POINT] if INTERPRET else all_points(kind)
-    return [triton.Config({outer_name: o, inner_name: i}, num_warps=w, num_stages=s)
+    return [triton.Config({outer_name: o, inner_name: i}, num_warps=w, num_stages=s,
+                          pre_hook=pre_hook)
             for o, i, w, s in pts]
 
 

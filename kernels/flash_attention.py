@@ -51,6 +51,7 @@ from flashcheck.kernels._common import (
     make_pruner,
     validate,
 )
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 LOG2E = 1.4426950408889634
 
@@ -71,6 +72,24 @@ def _load_2d(ptrs, offs_r, offs_c, n_r, n_c, CHECK_R: tl.constexpr, CHECK_C: tl.
             return tl.load(ptrs, mask=offs_c[None, :] < n_c, other=0.0)
         else:
             return tl.load(ptrs)
+
+
+@triton.jit
+def _tma_tile(desc, off_z, off_h, start, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rows ``start .. start + BLOCK`` of head (off_z, off_h) through a 4-D tensor descriptor
+    (block [1, 1, BLOCK, BLOCK_D]): one bulk tensor copy; rows past the sequence and columns
+    past the head dim read as zeros, as ``_load_2d``'s masked loads do."""
+    return desc.load([off_z.to(tl.int32), off_h.to(tl.int32), start, 0]).reshape(BLOCK, BLOCK_D)
+
+
+@triton.jit
+def _tile_id(REVERSE: tl.constexpr):
+    """This program's tile along grid axis 0; REVERSE launches the last tile first (under a
+    causal band the last query tiles see the most keys: started first, they do not trail)."""
+    if REVERSE:
+        return tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        return tl.program_id(0)
 
 
 @triton.jit
@@ -169,41 +188,127 @@ def _scores(qk, m_base, offs_m, offs_n, stride_mm, stride_mn, N_CTX_Q, N_CTX_K, 
 
 
 @triton.jit
+def _softmax_step(qk, m_i, l_i, m_base, offs_m, offs_n, stride_mm, stride_mn, N_CTX_Q, N_CTX_K,
+                  qk_scale, lo_off, hi_off, MASKED: tl.constexpr, BAND: tl.constexpr,
+                  MASK_KIND: tl.constexpr):
+    """One online-softmax update of rows ``offs_m`` by the key tile ``offs_n`` (scores
+    ``qk``): returns P (unnormalised, fp32), the rescale factor of the old state, the new
+    row sum and the new row max."""
+    if MASKED or MASK_KIND != 0:
+        s = _scores(qk, m_base, offs_m, offs_n, stride_mm, stride_mn, N_CTX_Q, N_CTX_K,
+                    qk_scale, lo_off, hi_off, MASKED, BAND, MASK_KIND, False)
+        m_ij = tl.maximum(m_i, tl.max(s, 1))
+        # A row with nothing visible so far keeps m = -inf; subtract 0 instead so that
+        # exp2(-inf - -inf) never produces NaN.
+        m_use = tl.where(m_ij == float("-inf"), 0.0, m_ij)
+        s = s - m_use[:, None]
+    else:
+        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        m_use = m_ij
+        s = qk * qk_scale - m_use[:, None]
+    p = tl.exp2(s)
+    alpha = tl.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, l_i, m_ij
+
+
+@triton.jit
+def _kv_tiles(k_base, v_base, offs_d, offs_n, start_n, stride_kn, stride_kd, stride_vn,
+              stride_vd, N_CTX_K, HEAD_DIM, MASKED: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, desc_k, desc_v, off_z, off_hk,
+              TMA: tl.constexpr):
+    """K^T and V of key tile ``start_n`` (zeros outside the sequence and the head dim)."""
+    if TMA:
+        kT = _tma_tile(desc_k, off_z, off_hk, start_n, BLOCK_N, BLOCK_D).T
+        v = _tma_tile(desc_v, off_z, off_hk, start_n, BLOCK_N, BLOCK_D)
+    else:
+        kT = _load_2d(k_base + offs_d[:, None] * stride_kd + offs_n[None, :] * stride_kn,
+                      offs_d, offs_n, HEAD_DIM, N_CTX_K, PAD_D, MASKED)
+        v = _load_2d(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                     offs_n, offs_d, N_CTX_K, HEAD_DIM, MASKED, PAD_D)
+    return kT, v
+
+
+@triton.jit
 def _fwd_inner(acc, l_i, m_i, cnt, q, k_base, v_base, m_base, offs_m, start, end,
                stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
                N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
                MASKED: tl.constexpr, BAND: tl.constexpr,
                MASK_KIND: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_D: tl.constexpr, PAD_D: tl.constexpr):
+               BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
+               desc_k, desc_v, off_z, off_hk, TMA: tl.constexpr, WS: tl.constexpr):
     offs_d = tl.arange(0, BLOCK_D)
-    for start_n in range(start, end, BLOCK_N):
+    for start_n in tl.range(start, end, BLOCK_N, warp_specialize=WS):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        kT = _load_2d(k_base + offs_d[:, None] * stride_kd + offs_n[None, :] * stride_kn,
-                      offs_d, offs_n, HEAD_DIM, N_CTX_K, PAD_D, MASKED)
+        kT, v = _kv_tiles(k_base, v_base, offs_d, offs_n, start_n, stride_kn, stride_kd,
+                          stride_vn, stride_vd, N_CTX_K, HEAD_DIM, MASKED, BLOCK_N, BLOCK_D,
+                          PAD_D, desc_k, desc_v, off_z, off_hk, TMA)
         qk = tl.dot(q, kT, input_precision=PRECISION)
-        if MASKED or MASK_KIND != 0:
-            s = _scores(qk, m_base, offs_m, offs_n, stride_mm, stride_mn, N_CTX_Q, N_CTX_K,
-                        qk_scale, lo_off, hi_off, MASKED, BAND, MASK_KIND, False)
-            m_ij = tl.maximum(m_i, tl.max(s, 1))
-            # A row with nothing visible so far keeps m = -inf; subtract 0 instead so that
-            # exp2(-inf - -inf) never produces NaN.
-            m_use = tl.where(m_ij == float("-inf"), 0.0, m_ij)
-            s = s - m_use[:, None]
-        else:
-            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            m_use = m_ij
-            s = qk * qk_scale - m_use[:, None]
-        p = tl.exp2(s)
-        alpha = tl.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, l_i, m_i = _softmax_step(qk, m_i, l_i, m_base, offs_m, offs_n, stride_mm,
+                                           stride_mn, N_CTX_Q, N_CTX_K, qk_scale, lo_off,
+                                           hi_off, MASKED, BAND, MASK_KIND)
         acc = acc * alpha[:, None]
-        v = _load_2d(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                     offs_n, offs_d, N_CTX_K, HEAD_DIM, MASKED, PAD_D)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
-        m_i = m_ij
         cnt += 1
     return acc, l_i, m_i, cnt
+
+
+@triton.jit
+def _fwd_inner_split(acc_a, l_a, m_a, acc_b, l_b, m_b, cnt, q_a, q_b, k_base, v_base, m_base,
+                     offs_a, offs_b, start, end,
+                     stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
+                     N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
+                     MASKED: tl.constexpr, BAND: tl.constexpr,
+                     MASK_KIND: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
+                     desc_k, desc_v, off_z, off_hk, TMA: tl.constexpr, WS: tl.constexpr):
+    """``_fwd_inner`` for a query tile held as two halves: both halves' Q K^T are issued
+    before either softmax, so the tensor cores work on one half while the other half's
+    exponentials run. Per row, the same operations in the same order as ``_fwd_inner``."""
+    offs_d = tl.arange(0, BLOCK_D)
+    for start_n in tl.range(start, end, BLOCK_N, warp_specialize=WS):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kT, v = _kv_tiles(k_base, v_base, offs_d, offs_n, start_n, stride_kn, stride_kd,
+                          stride_vn, stride_vd, N_CTX_K, HEAD_DIM, MASKED, BLOCK_N, BLOCK_D,
+                          PAD_D, desc_k, desc_v, off_z, off_hk, TMA)
+        qk_a = tl.dot(q_a, kT, input_precision=PRECISION)
+        qk_b = tl.dot(q_b, kT, input_precision=PRECISION)
+        p_a, alpha_a, l_a, m_a = _softmax_step(qk_a, m_a, l_a, m_base, offs_a, offs_n,
+                                               stride_mm, stride_mn, N_CTX_Q, N_CTX_K,
+                                               qk_scale, lo_off, hi_off, MASKED, BAND,
+                                               MASK_KIND)
+        acc_a = tl.dot(p_a.to(v.dtype), v, acc_a * alpha_a[:, None], input_precision=PRECISION)
+        p_b, alpha_b, l_b, m_b = _softmax_step(qk_b, m_b, l_b, m_base, offs_b, offs_n,
+                                               stride_mm, stride_mn, N_CTX_Q, N_CTX_K,
+                                               qk_scale, lo_off, hi_off, MASKED, BAND,
+                                               MASK_KIND)
+        acc_b = tl.dot(p_b.to(v.dtype), v, acc_b * alpha_b[:, None], input_precision=PRECISION)
+        cnt += 1
+    return acc_a, l_a, m_a, acc_b, l_b, m_b, cnt
+
+
+@triton.jit
+def _fwd_store(acc, l_i, m_i, offs_m, offs_d, o_base, lse_base, stride_om, stride_od,
+               N_CTX_Q, HEAD_DIM, EVEN_M: tl.constexpr, PAD_D: tl.constexpr):
+    """O = acc / l and lse = m + log2(l) of rows ``offs_m``; rows that saw no key (l = 0,
+    acc = 0) get O = 0 and lse = -inf, never 0/0."""
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    lse = tl.where(empty, float("-inf"), m_i + tl.log2(l_safe))
+    o_ptrs = o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
+    if EVEN_M:
+        if PAD_D:
+            tl.store(o_ptrs, out.to(o_base.dtype.element_ty), mask=offs_d[None, :] < HEAD_DIM)
+        else:
+            tl.store(o_ptrs, out.to(o_base.dtype.element_ty))
+        tl.store(lse_base + offs_m, lse)
+    else:
+        tl.store(o_ptrs, out.to(o_base.dtype.element_ty),
+                 mask=(offs_m[:, None] < N_CTX_Q) & (offs_d[None, :] < HEAD_DIM))
+        tl.store(lse_base + offs_m, lse, mask=offs_m < N_CTX_Q)
 
 
 _EVEN = {
@@ -231,17 +336,30 @@ def _no_spec(fn):
                                                       if n.startswith("stride_")])(fn)
 
 
-def _tuned(fixed, kind: str, outer: str, inner: str, **extra):
+def _tma_pre_hook(names: tuple[str, ...], inner: str):
+    """An autotune ``pre_hook`` giving the descriptors the block shape of the config."""
+
+    def hook(nargs):
+        for name in names:
+            d = nargs[name]
+            if isinstance(d, TensorDescriptor):
+                d.block_shape = [1, 1, nargs[inner], nargs["BLOCK_D"]]
+
+    return hook
+
+
+def _tuned(fixed, kind: str, outer: str, inner: str, descs: tuple[str, ...], **extra):
     """The autotune launch path over the same jit function as ``fixed``."""
-    key = _KEY + (["ATOMIC_DQ"] if kind == "dkdv" else [])
-    return triton.autotune(configs=make_configs(kind, outer, inner), key=key,
+    key = _KEY + (["DQ_MODE"] if kind == "dkdv" else [])
+    return triton.autotune(configs=make_configs(kind, outer, inner,
+                                                _tma_pre_hook(descs, inner)), key=key,
                            prune_configs_by={"early_config_prune":
                                              make_pruner(kind, outer, inner, "Q")},
                            cache_results=_common.AUTOTUNE_CACHE, **extra)(fixed)
 
 
 @_no_spec
-def _fwd_kernel_impl(Q, K, V, M, O, LSE, STATS,
+def _fwd_kernel_impl(Q, K, V, M, O, LSE, STATS, DESC_K, DESC_V,
                 stride_qz, stride_qh, stride_qm, stride_qd,
                 stride_kz, stride_kh, stride_kn, stride_kd,
                 stride_vz, stride_vh, stride_vn, stride_vd,
@@ -252,7 +370,9 @@ def _fwd_kernel_impl(Q, K, V, M, O, LSE, STATS,
                 BAND: tl.constexpr, MASK_KIND: tl.constexpr,
                 PRECISION: tl.constexpr, COUNT_TILES: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
-                EVEN_N: tl.constexpr, PAD_D: tl.constexpr, ALIGNED: tl.constexpr):
+                EVEN_N: tl.constexpr, PAD_D: tl.constexpr, ALIGNED: tl.constexpr,
+                TMA: tl.constexpr, WS: tl.constexpr, REVERSE: tl.constexpr,
+                SPLIT: tl.constexpr):
     stride_qz, stride_qh, stride_qm = \
         _a16(stride_qz, ALIGNED), _a16(stride_qh, ALIGNED), _a16(stride_qm, ALIGNED)
     stride_kz, stride_kh, stride_kn = \
@@ -261,7 +381,7 @@ def _fwd_kernel_impl(Q, K, V, M, O, LSE, STATS,
         _a16(stride_vz, ALIGNED), _a16(stride_vh, ALIGNED), _a16(stride_vn, ALIGNED)
     stride_oz, stride_oh, stride_om = \
         _a16(stride_oz, ALIGNED), _a16(stride_oh, ALIGNED), _a16(stride_om, ALIGNED)
-    pid_m = tl.program_id(0)
+    pid_m = _tile_id(REVERSE)
     off_bh = tl.program_id(1)
     off_z = (off_bh // H).to(tl.int64)
     off_h = off_bh % H
@@ -273,54 +393,84 @@ def _fwd_kernel_impl(Q, K, V, M, O, LSE, STATS,
     m_base = M + off_z * stride_mz + off_h * stride_mh
 
     start_m = pid_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    q = _load_2d(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                 offs_m, offs_d, N_CTX_Q, HEAD_DIM, not EVEN_M, PAD_D)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     n_edge = 0
     n_full = 0
-
     r_hi = tl.minimum(start_m + BLOCK_M, N_CTX_Q) - 1
     lo, full_lo, full_hi, hi = _band_range(start_m, r_hi, lo_off, hi_off, N_CTX_K, BLOCK_N,
                                            BAND)
-    if BAND:
-        acc, l_i, m_i, n_edge = _fwd_inner(
-            acc, l_i, m_i, n_edge, q, k_base, v_base, m_base, offs_m, lo, full_lo,
+    o_base = O + off_z * stride_oz + off_h * stride_oh
+    lse_base = LSE + off_bh.to(tl.int64) * N_CTX_Q
+    if SPLIT:
+        HALF: tl.constexpr = BLOCK_M // 2
+        offs_a = start_m + tl.arange(0, HALF)
+        offs_b = offs_a + HALF
+        q_a = _load_2d(q_base + offs_a[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                       offs_a, offs_d, N_CTX_Q, HEAD_DIM, not EVEN_M, PAD_D)
+        q_b = _load_2d(q_base + offs_b[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                       offs_b, offs_d, N_CTX_Q, HEAD_DIM, not EVEN_M, PAD_D)
+        m_a = tl.full([HALF], float("-inf"), dtype=tl.float32)
+        l_a = tl.zeros([HALF], dtype=tl.float32)
+        acc_a = tl.zeros([HALF, BLOCK_D], dtype=tl.float32)
+        m_b = tl.full([HALF], float("-inf"), dtype=tl.float32)
+        l_b = tl.zeros([HALF], dtype=tl.float32)
+        acc_b = tl.zeros([HALF, BLOCK_D], dtype=tl.float32)
+        if BAND:
+            acc_a, l_a, m_a, acc_b, l_b, m_b, n_edge = _fwd_inner_split(
+                acc_a, l_a, m_a, acc_b, l_b, m_b, n_edge, q_a, q_b, k_base, v_base, m_base,
+                offs_a, offs_b, lo, full_lo,
+                stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
+                N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
+                True, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D,
+                DESC_K, DESC_V, off_z, off_hk, TMA, WS)
+        acc_a, l_a, m_a, acc_b, l_b, m_b, n_full = _fwd_inner_split(
+            acc_a, l_a, m_a, acc_b, l_b, m_b, n_full, q_a, q_b, k_base, v_base, m_base,
+            offs_a, offs_b, full_lo, full_hi,
             stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
             N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
-            True, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D)
-    acc, l_i, m_i, n_full = _fwd_inner(
-        acc, l_i, m_i, n_full, q, k_base, v_base, m_base, offs_m, full_lo, full_hi,
-        stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
-        N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
-        False, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D)
-    if BAND or not EVEN_N:
-        acc, l_i, m_i, n_edge = _fwd_inner(
-            acc, l_i, m_i, n_edge, q, k_base, v_base, m_base, offs_m, full_hi, hi,
-            stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
-            N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
-            True, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D)
-
-    # Rows that saw no key (l = 0, acc = 0): output 0 and lse = -inf, never 0/0.
-    empty = l_i == 0.0
-    l_safe = tl.where(empty, 1.0, l_i)
-    out = acc / l_safe[:, None]
-    lse = tl.where(empty, float("-inf"), m_i + tl.log2(l_safe))
-    o_ptrs = O + off_z * stride_oz + off_h * stride_oh + offs_m[:, None] * stride_om \
-        + offs_d[None, :] * stride_od
-    if EVEN_M:
-        if PAD_D:
-            tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=offs_d[None, :] < HEAD_DIM)
-        else:
-            tl.store(o_ptrs, out.to(O.dtype.element_ty))
-        tl.store(LSE + off_bh.to(tl.int64) * N_CTX_Q + offs_m, lse)
+            False, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D,
+            DESC_K, DESC_V, off_z, off_hk, TMA, WS)
+        if BAND or not EVEN_N:
+            acc_a, l_a, m_a, acc_b, l_b, m_b, n_edge = _fwd_inner_split(
+                acc_a, l_a, m_a, acc_b, l_b, m_b, n_edge, q_a, q_b, k_base, v_base, m_base,
+                offs_a, offs_b, full_hi, hi,
+                stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
+                N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
+                True, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D,
+                DESC_K, DESC_V, off_z, off_hk, TMA, WS)
+        _fwd_store(acc_a, l_a, m_a, offs_a, offs_d, o_base, lse_base, stride_om, stride_od,
+                   N_CTX_Q, HEAD_DIM, EVEN_M, PAD_D)
+        _fwd_store(acc_b, l_b, m_b, offs_b, offs_d, o_base, lse_base, stride_om, stride_od,
+                   N_CTX_Q, HEAD_DIM, EVEN_M, PAD_D)
     else:
-        tl.store(o_ptrs, out.to(O.dtype.element_ty),
-                 mask=(offs_m[:, None] < N_CTX_Q) & (offs_d[None, :] < HEAD_DIM))
-        tl.store(LSE + off_bh.to(tl.int64) * N_CTX_Q + offs_m, lse, mask=offs_m < N_CTX_Q)
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q = _load_2d(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                     offs_m, offs_d, N_CTX_Q, HEAD_DIM, not EVEN_M, PAD_D)
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        if BAND:
+            acc, l_i, m_i, n_edge = _fwd_inner(
+                acc, l_i, m_i, n_edge, q, k_base, v_base, m_base, offs_m, lo, full_lo,
+                stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
+                N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
+                True, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D,
+                DESC_K, DESC_V, off_z, off_hk, TMA, WS)
+        acc, l_i, m_i, n_full = _fwd_inner(
+            acc, l_i, m_i, n_full, q, k_base, v_base, m_base, offs_m, full_lo, full_hi,
+            stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
+            N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
+            False, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D,
+            DESC_K, DESC_V, off_z, off_hk, TMA, WS)
+        if BAND or not EVEN_N:
+            acc, l_i, m_i, n_edge = _fwd_inner(
+                acc, l_i, m_i, n_edge, q, k_base, v_base, m_base, offs_m, full_hi, hi,
+                stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
+                N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
+                True, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D,
+                DESC_K, DESC_V, off_z, off_hk, TMA, WS)
+        _fwd_store(acc, l_i, m_i, offs_m, offs_d, o_base, lse_base, stride_om, stride_od,
+                   N_CTX_Q, HEAD_DIM, EVEN_M, PAD_D)
     if COUNT_TILES:
         slot = (off_bh * tl.num_programs(0) + pid_m) * 2
         tl.store(STATS + slot, n_edge)
@@ -374,14 +524,19 @@ def _dkdv_inner(dk, dv, cnt, k, v, q_base, do_base, m_base, lse_base, delta_base
                 stride_dqm, stride_dqd,
                 N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, sm_scale, lo_off, hi_off,
                 MASKED: tl.constexpr, BAND: tl.constexpr,
-                MASK_KIND: tl.constexpr, PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr):
+                MASK_KIND: tl.constexpr, PRECISION: tl.constexpr, DQ_MODE: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
+                desc_q, desc_do, off_z, off_h, TMA: tl.constexpr, WS: tl.constexpr,
+                lock_base, kv_tile, BLOCK_N: tl.constexpr):
     offs_d = tl.arange(0, BLOCK_D)
-    for start_m in range(start, end, BLOCK_M):
+    for start_m in tl.range(start, end, BLOCK_M, warp_specialize=WS):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        qT = _load_2d(q_base + offs_d[:, None] * stride_qd + offs_m[None, :] * stride_qm,
-                      offs_d, offs_m, HEAD_DIM, N_CTX_Q, PAD_D, MASKED)
+        if TMA:
+            qT = _tma_tile(desc_q, off_z, off_h, start_m, BLOCK_M, BLOCK_D).T
+        else:
+            qT = _load_2d(q_base + offs_d[:, None] * stride_qd + offs_m[None, :] * stride_qm,
+                          offs_d, offs_m, HEAD_DIM, N_CTX_Q, PAD_D, MASKED)
         lse, delta = _row_stats(lse_base, delta_base, offs_m, N_CTX_Q, MASKED)
         qkT = tl.dot(k, qT, input_precision=PRECISION)
         if MASKED or MASK_KIND != 0:
@@ -390,22 +545,67 @@ def _dkdv_inner(dk, dv, cnt, k, v, q_base, do_base, m_base, lse_base, delta_base
             pT = tl.exp2(sT - lse[None, :])
         else:
             pT = tl.exp2(qkT * qk_scale - lse[None, :])
-        do = _load_2d(do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
-                      offs_m, offs_d, N_CTX_Q, HEAD_DIM, MASKED, PAD_D)
+        if TMA:
+            do = _tma_tile(desc_do, off_z, off_h, start_m, BLOCK_M, BLOCK_D)
+        else:
+            do = _load_2d(do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                          offs_m, offs_d, N_CTX_Q, HEAD_DIM, MASKED, PAD_D)
         dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=PRECISION)
         dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)
         dsT = pT * (dpT - delta[None, :])
         dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=PRECISION)
-        if ATOMIC_DQ:
+        if DQ_MODE != 0:
             dq = tl.dot(tl.trans(dsT).to(k.dtype), k, input_precision=PRECISION) * sm_scale
-            tl.atomic_add(dq_base + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
-                          dq, mask=(offs_m[:, None] < N_CTX_Q) & (offs_d[None, :] < HEAD_DIM))
+            dq_ptrs = dq_base + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd
+            dq_ok = (offs_m[:, None] < N_CTX_Q) & (offs_d[None, :] < HEAD_DIM)
+            if DQ_MODE == 1:
+                tl.atomic_add(dq_ptrs, dq, mask=dq_ok)
+            else:
+                _ordered_add(dq_ptrs, dq, dq_ok, lock_base + start_m // BLOCK_M,
+                             kv_tile - _first_kv_tile(start_m, N_CTX_Q, N_CTX_K, lo_off,
+                                                      hi_off, BLOCK_M, BLOCK_N, BAND))
         cnt += 1
     return dk, dv, cnt
 
 
+# Spins of a wait for its turn (each one atomic read, ~1 us) before an ordered dQ add gives
+# up: ~4 s, three orders of magnitude above the longest legitimate wait (the key tile before
+# it finishing one query tile). A turn that never comes (a bug in the tile ranges) then ends
+# in NaN in dQ, which every check flags, instead of a hung GPU.
+ORDERED_SPIN_LIMIT = tl.constexpr(1 << 22)
+
+
+@triton.jit
+def _first_kv_tile(start_m, N_CTX_Q, N_CTX_K, lo_off, hi_off, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BAND: tl.constexpr):
+    """The first key tile that query tile ``start_m`` sees (the forward's tile range)."""
+    r_hi = tl.minimum(start_m + BLOCK_M, N_CTX_Q) - 1
+    lo, _fl, _fh, _hi = _band_range(start_m, r_hi, lo_off, hi_off, N_CTX_K, BLOCK_N, BAND)
+    return lo // BLOCK_N
+
+
+@triton.jit
+def _ordered_add(ptrs, x, mask, lock, turn):
+    """``*ptrs += x`` (fp32) as contribution number ``turn`` to this tile: wait until
+    ``*lock == turn`` (the key tiles before this one have added theirs), add, publish
+    ``turn + 1``. Contributions to a query tile come from consecutive key tiles, launched in
+    ascending order, so each waits only on an earlier launched program and the sum is taken
+    in one fixed order: deterministic, as the separate dQ kernel is, without its recomputed
+    Q K^T and dO V^T."""
+    spins = 0
+    while (tl.atomic_add(lock, 0, sem="acquire") != turn) & (spins < ORDERED_SPIN_LIMIT):
+        spins += 1
+    if spins >= ORDERED_SPIN_LIMIT:
+        x = x + float("nan")
+    cur = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+    tl.store(ptrs, cur + x, mask=mask, cache_modifier=".cg")
+    tl.debug_barrier()
+    tl.atomic_xchg(lock, turn + 1, sem="release")
+
+
 @_no_spec
-def _bwd_dkdv_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, STATS,
+def _bwd_dkdv_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, LOCKS, STATS, DESC_Q,
+                     DESC_DO,
                      stride_qz, stride_qh, stride_qm, stride_qd,
                      stride_kz, stride_kh, stride_kn, stride_kd,
                      stride_vz, stride_vh, stride_vn, stride_vd,
@@ -416,10 +616,11 @@ def _bwd_dkdv_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, STATS,
                      HKV, GROUP, N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, sm_scale, lo_off, hi_off,
                      NQ_BUCKET, NK_BUCKET, IS_CAUSAL, DTYPE_KEY: tl.constexpr,
                      BAND: tl.constexpr, MASK_KIND: tl.constexpr,
-                     PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+                     PRECISION: tl.constexpr, DQ_MODE: tl.constexpr,
                      COUNT_TILES: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
-                     EVEN_N: tl.constexpr, PAD_D: tl.constexpr, ALIGNED: tl.constexpr):
+                     EVEN_N: tl.constexpr, PAD_D: tl.constexpr, ALIGNED: tl.constexpr,
+                     TMA: tl.constexpr, WS: tl.constexpr, REVERSE: tl.constexpr):
     stride_qz, stride_qh, stride_qm = \
         _a16(stride_qz, ALIGNED), _a16(stride_qh, ALIGNED), _a16(stride_qm, ALIGNED)
     stride_kz, stride_kh, stride_kn = \
@@ -432,7 +633,7 @@ def _bwd_dkdv_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, STATS,
         _a16(stride_dkz, ALIGNED), _a16(stride_dkh, ALIGNED), _a16(stride_dkn, ALIGNED)
     stride_dqz, stride_dqh, stride_dqm = \
         _a16(stride_dqz, ALIGNED), _a16(stride_dqh, ALIGNED), _a16(stride_dqm, ALIGNED)
-    pid_n = tl.program_id(0)
+    pid_n = _tile_id(REVERSE)
     off_bhk = tl.program_id(1)
     off_z = (off_bhk // HKV).to(tl.int64)
     off_hk = (off_bhk % HKV).to(tl.int64)
@@ -464,26 +665,30 @@ def _bwd_dkdv_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, STATS,
         lse_base = LSE + off_bh * N_CTX_Q
         delta_base = DELTA + off_bh * N_CTX_Q
         dq_base = DQ + off_z * stride_dqz + off_h * stride_dqh
+        lock_base = LOCKS + off_bh * tl.cdiv(N_CTX_Q, BLOCK_M)
         if BAND:
             dk, dv, n_edge = _dkdv_inner(
                 dk, dv, n_edge, k, v, q_base, do_base, m_base, lse_base, delta_base, dq_base,
                 offs_n, lo, full_lo, stride_qm, stride_qd, stride_dom, stride_dod,
                 stride_mm, stride_mn, stride_dqm, stride_dqd, N_CTX_Q, N_CTX_K, HEAD_DIM,
                 qk_scale, sm_scale, lo_off, hi_off, True, BAND, MASK_KIND,
-                PRECISION, ATOMIC_DQ, BLOCK_M, BLOCK_D, PAD_D)
+                PRECISION, DQ_MODE, BLOCK_M, BLOCK_D, PAD_D,
+                DESC_Q, DESC_DO, off_z, off_h, TMA, WS, lock_base, pid_n, BLOCK_N)
         dk, dv, n_full = _dkdv_inner(
             dk, dv, n_full, k, v, q_base, do_base, m_base, lse_base, delta_base, dq_base,
             offs_n, full_lo, full_hi, stride_qm, stride_qd, stride_dom, stride_dod,
             stride_mm, stride_mn, stride_dqm, stride_dqd, N_CTX_Q, N_CTX_K, HEAD_DIM,
             qk_scale, sm_scale, lo_off, hi_off, False, BAND, MASK_KIND,
-            PRECISION, ATOMIC_DQ, BLOCK_M, BLOCK_D, PAD_D)
+            PRECISION, DQ_MODE, BLOCK_M, BLOCK_D, PAD_D,
+            DESC_Q, DESC_DO, off_z, off_h, TMA, WS, lock_base, pid_n, BLOCK_N)
         if BAND or not EVEN_M:
             dk, dv, n_edge = _dkdv_inner(
                 dk, dv, n_edge, k, v, q_base, do_base, m_base, lse_base, delta_base, dq_base,
                 offs_n, full_hi, hi, stride_qm, stride_qd, stride_dom, stride_dod,
                 stride_mm, stride_mn, stride_dqm, stride_dqd, N_CTX_Q, N_CTX_K, HEAD_DIM,
                 qk_scale, sm_scale, lo_off, hi_off, True, BAND, MASK_KIND,
-                PRECISION, ATOMIC_DQ, BLOCK_M, BLOCK_D, PAD_D)
+                PRECISION, DQ_MODE, BLOCK_M, BLOCK_D, PAD_D,
+                DESC_Q, DESC_DO, off_z, off_h, TMA, WS, lock_base, pid_n, BLOCK_N)
     dk = dk * sm_scale
     st_mask = (offs_n[:, None] < N_CTX_K) & (offs_d[None, :] < HEAD_DIM)
     # DK and DV are allocated by the launcher with identical (contiguous) strides.
@@ -503,15 +708,20 @@ def _dq_inner(dq, cnt, q, do, lse, delta, k_base, v_base, m_base, offs_m, start,
               N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
               MASKED: tl.constexpr, BAND: tl.constexpr,
               MASK_KIND: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_D: tl.constexpr, PAD_D: tl.constexpr):
+              BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
+              desc_k, desc_v, off_z, off_hk, TMA: tl.constexpr, WS: tl.constexpr):
     offs_d = tl.arange(0, BLOCK_D)
-    for start_n in range(start, end, BLOCK_N):
+    for start_n in tl.range(start, end, BLOCK_N, warp_specialize=WS):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        kT = _load_2d(k_base + offs_d[:, None] * stride_kd + offs_n[None, :] * stride_kn,
-                      offs_d, offs_n, HEAD_DIM, N_CTX_K, PAD_D, MASKED)
-        vT = _load_2d(v_base + offs_d[:, None] * stride_vd + offs_n[None, :] * stride_vn,
-                      offs_d, offs_n, HEAD_DIM, N_CTX_K, PAD_D, MASKED)
+        if TMA:
+            kT = _tma_tile(desc_k, off_z, off_hk, start_n, BLOCK_N, BLOCK_D).T
+            vT = _tma_tile(desc_v, off_z, off_hk, start_n, BLOCK_N, BLOCK_D).T
+        else:
+            kT = _load_2d(k_base + offs_d[:, None] * stride_kd + offs_n[None, :] * stride_kn,
+                          offs_d, offs_n, HEAD_DIM, N_CTX_K, PAD_D, MASKED)
+            vT = _load_2d(v_base + offs_d[:, None] * stride_vd + offs_n[None, :] * stride_vn,
+                          offs_d, offs_n, HEAD_DIM, N_CTX_K, PAD_D, MASKED)
         qk = tl.dot(q, kT, input_precision=PRECISION)
         if MASKED or MASK_KIND != 0:
             s = _scores(qk, m_base, offs_m, offs_n, stride_mm, stride_mn, N_CTX_Q, N_CTX_K,
@@ -527,7 +737,7 @@ def _dq_inner(dq, cnt, q, do, lse, delta, k_base, v_base, m_base, offs_m, start,
 
 
 @_no_spec
-def _bwd_dq_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DQ, STATS,
+def _bwd_dq_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DQ, STATS, DESC_K, DESC_V,
                    stride_qz, stride_qh, stride_qm, stride_qd,
                    stride_kz, stride_kh, stride_kn, stride_kd,
                    stride_vz, stride_vh, stride_vn, stride_vd,
@@ -539,7 +749,8 @@ def _bwd_dq_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DQ, STATS,
                    BAND: tl.constexpr, MASK_KIND: tl.constexpr,
                    PRECISION: tl.constexpr, COUNT_TILES: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
-                   EVEN_N: tl.constexpr, PAD_D: tl.constexpr, ALIGNED: tl.constexpr):
+                   EVEN_N: tl.constexpr, PAD_D: tl.constexpr, ALIGNED: tl.constexpr,
+                   TMA: tl.constexpr, WS: tl.constexpr, REVERSE: tl.constexpr):
     stride_qz, stride_qh, stride_qm = \
         _a16(stride_qz, ALIGNED), _a16(stride_qh, ALIGNED), _a16(stride_qm, ALIGNED)
     stride_kz, stride_kh, stride_kn = \
@@ -550,7 +761,7 @@ def _bwd_dq_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DQ, STATS,
         _a16(stride_doz, ALIGNED), _a16(stride_doh, ALIGNED), _a16(stride_dom, ALIGNED)
     stride_dqz, stride_dqh, stride_dqm = \
         _a16(stride_dqz, ALIGNED), _a16(stride_dqh, ALIGNED), _a16(stride_dqm, ALIGNED)
-    pid_m = tl.program_id(0)
+    pid_m = _tile_id(REVERSE)
     off_bh = tl.program_id(1)
     off_z = (off_bh // H).to(tl.int64)
     off_h = off_bh % H
@@ -581,18 +792,21 @@ def _bwd_dq_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DQ, STATS,
             dq, n_edge, q, do, lse, delta, k_base, v_base, m_base, offs_m, lo, full_lo,
             stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
             N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
-            True, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D)
+            True, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D,
+            DESC_K, DESC_V, off_z, off_hk, TMA, WS)
     dq, n_full = _dq_inner(
         dq, n_full, q, do, lse, delta, k_base, v_base, m_base, offs_m, full_lo, full_hi,
         stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
         N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
-        False, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D)
+        False, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D,
+        DESC_K, DESC_V, off_z, off_hk, TMA, WS)
     if BAND or not EVEN_N:
         dq, n_edge = _dq_inner(
             dq, n_edge, q, do, lse, delta, k_base, v_base, m_base, offs_m, full_hi, hi,
             stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
             N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
-            True, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D)
+            True, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D,
+            DESC_K, DESC_V, off_z, off_hk, TMA, WS)
     dq = dq * sm_scale
     tl.store(DQ + off_z * stride_dqz + off_h * stride_dqh + offs_m[:, None] * stride_dqm
              + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty),
@@ -609,11 +823,12 @@ def _bwd_dq_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DQ, STATS,
 # table, passed explicitly) and tuned (autotune mode). Both apply the EVEN_*/PAD_D
 # heuristics, and share the jit function's compile cache.
 _fwd_fixed = triton.heuristics(_EVEN)(_fwd_kernel_impl)
-_fwd_tuned = _tuned(_fwd_fixed, "fwd", "BLOCK_M", "BLOCK_N")
+_fwd_tuned = _tuned(_fwd_fixed, "fwd", "BLOCK_M", "BLOCK_N", ("DESC_K", "DESC_V"))
 _dkdv_fixed = triton.heuristics(_EVEN)(_bwd_dkdv_kernel_impl)
-_dkdv_tuned = _tuned(_dkdv_fixed, "dkdv", "BLOCK_N", "BLOCK_M", reset_to_zero=["DQ"])
+_dkdv_tuned = _tuned(_dkdv_fixed, "dkdv", "BLOCK_N", "BLOCK_M", ("DESC_Q", "DESC_DO"),
+                     reset_to_zero=["DQ", "LOCKS"])
 _dq_fixed = triton.heuristics(_EVEN)(_bwd_dq_kernel_impl)
-_dq_tuned = _tuned(_dq_fixed, "dq", "BLOCK_M", "BLOCK_N")
+_dq_tuned = _tuned(_dq_fixed, "dq", "BLOCK_M", "BLOCK_N", ("DESC_K", "DESC_V"))
 _PATHS = {"fwd": (_fwd_fixed, _fwd_tuned, "BLOCK_M", "BLOCK_N"),
           "dkdv": (_dkdv_fixed, _dkdv_tuned, "BLOCK_N", "BLOCK_M"),
           "dq": (_dq_fixed, _dq_tuned, "BLOCK_M", "BLOCK_N")}
@@ -657,20 +872,74 @@ def _common_consts(p: Problem, dtype: torch.dtype, allow_tf32: bool) -> dict:
                 PRECISION=_precision(dtype, allow_tf32), BLOCK_D=block_d(p.D))
 
 
-def _launch(kind: str, grid, args: tuple, kwargs: dict, p: Problem, q: torch.Tensor) -> None:
+def _descriptor(t: torch.Tensor, rows: int, block_d_: int):
+    """A 4-D tensor descriptor over ``t`` (B, H, N, D) with block [1, 1, rows, block_d_]."""
+    shape = list(t.shape)
+    # The stride of a size-1 dim is never stepped over; give it one the copy engine takes.
+    strides = [t.stride(i) if shape[i] > 1 else _unit_dim_stride(t, i) for i in range(4)]
+    return TensorDescriptor(t, shape, strides, [1, 1, rows, block_d_])
+
+
+def _unit_dim_stride(t: torch.Tensor, i: int) -> int:
+    """A stride for size-1 dim ``i`` of ``t``: the span of the dim after it (1 for the last)."""
+    return 1 if i == 3 else t.shape[i + 1] * max(t.stride(i + 1), 1)
+
+
+def _tma_layout_ok(*tensors: torch.Tensor) -> bool:
+    """Whether every operand can be read through a tensor descriptor: 16-byte aligned base,
+    unit last stride, every other stride (of a dim longer than 1) a positive multiple of 16
+    bytes (the bulk tensor copy's rules)."""
+    for t in tensors:
+        e = t.element_size()
+        if t.data_ptr() % 16 or t.stride(-1) != 1:
+            return False
+        for i in range(3):
+            n, st = t.shape[i], t.stride(i)
+            if n > 1 and (st <= 0 or (st * e) % 16):
+                return False
+            if n == 1 and (_unit_dim_stride(t, i) * e) % 16:
+                return False
+    return True
+
+
+def _hopper_flags(kind: str, p: Problem, q: torch.Tensor, streamed: tuple) -> dict:
+    """The schedule flags of a launch (``_common.SCHEDULE``): TMA, tensor descriptors for the
+    streamed operands where the device, dtype and layout allow (``_common.use_tma``); WS,
+    warp specialisation of the tile loop; REVERSE, last tile first where a causal-like band
+    makes the last tiles of this kind the longest; SPLIT (forward), the query tile as two
+    halves."""
+    tma = _common.use_tma(q.device, q.element_size()) and _tma_layout_ok(*streamed)
+    sched = _common.schedule(kind, q.element_size())
+    flags = dict(TMA=tma, WS=bool(tma and sched["ws"]),
+                 REVERSE=bool(sched["reverse"] and p.has_hi and not p.has_lo))
+    if kind == "fwd":
+        flags["SPLIT"] = bool(sched["split"])
+    return flags
+
+
+def _launch(kind: str, grid, head: tuple, streamed: tuple, tail: tuple, kwargs: dict,
+            p: Problem, q: torch.Tensor) -> None:
     """Launch kernel ``kind`` ("fwd", "dkdv", "dq") in the current tuning mode.
 
-    ``grid(meta)`` maps the tile sizes to the launch grid. Heuristic mode (and the
+    The kernel's arguments are ``head``, then ``streamed`` (the two operands its tile loop
+    reads, passed again as tensor descriptors when TMA is on, else as themselves), then
+    ``tail``. ``grid(meta)`` maps the tile sizes to the launch grid. Heuristic mode (and the
     interpreter) passes one config explicitly; autotune mode lets Triton's autotuner pick.
     """
     fixed, tuned, outer, inner = _PATHS[kind]
+    flags = _hopper_flags(kind, p, q, streamed)
+    bd = block_d(p.D)
     if INTERPRET or not q.is_cuda or _common.get_tuning() == "heuristic":
-        o, i, warps, stages = _common.launch_point(kind, block_d(p.D), q.element_size(),
+        o, i, warps, stages = _common.launch_point(kind, bd, q.element_size(),
                                                    p.is_causal, q.device)
         meta = {outer: o, inner: i}
-        fixed[grid(meta)](*args, **kwargs, **meta, num_warps=warps, num_stages=stages)
+        descs = tuple(_descriptor(t, i, bd) for t in streamed) if flags["TMA"] else streamed
+        fixed[grid(meta)](*head, *descs, *tail, **kwargs, **flags, **meta, num_warps=warps,
+                          num_stages=stages)
     else:
-        tuned[grid](*args, **kwargs)
+        # Placeholder block rows: the config's pre_hook sets them (_tma_pre_hook).
+        descs = tuple(_descriptor(t, 16, bd) for t in streamed) if flags["TMA"] else streamed
+        tuned[grid](*head, *descs, *tail, **kwargs, **flags)
 
 
 def _device_ctx(t: torch.Tensor):
@@ -704,8 +973,7 @@ def _forward(q, k, v, p: Problem, allow_tf32: bool, stats: list | None = None):
         # Enough slots for the smallest tile of any config (16 rows).
         buf = _stats_buffer(True, triton.cdiv(p.Nq, 16) * p.B * p.Hq, q.device)
     with _device_ctx(q):
-        _launch("fwd", grid, (
-            q, k, v, mask, out, lse, buf if count else lse,
+        _launch("fwd", grid, (q, k, v, mask, out, lse, buf if count else lse), (k, v), (
             *q.stride(), *k.stride(), *v.stride(), *_strides(p.mask), *out.stride(),
             p.Hq, p.group, p.Nq, p.Nk, p.D, p.scale * LOG2E, *_band_args(p)[1:]),
             dict(COUNT_TILES=count, ALIGNED=_aligned(q, k, v, out),
@@ -723,11 +991,17 @@ def _backward(do, q, k, v, out, lse, p: Problem, deterministic: bool, allow_tf32
     delta = torch.empty((p.B, p.Hq, p.Nq), dtype=torch.float32, device=dev)
     dk = torch.empty((p.B, p.Hkv, p.Nk, p.D), dtype=q.dtype, device=dev)
     dv = torch.empty_like(dk)
-    if deterministic:
+    # dQ: a separate kernel per query tile (0), fp32 atomics in the dK/dV kernel (1), or
+    # fp32 adds in the dK/dV kernel taken in key-tile order (2; see _ordered_add).
+    dq_mode = 1 if not deterministic else 2 if _common.ordered_dq(q.element_size()) else 0
+    if dq_mode == 0:
         dq = torch.empty((p.B, p.Hq, p.Nq, p.D), dtype=q.dtype, device=dev)
         dq_acc = dq
     else:
         dq_acc = torch.zeros((p.B, p.Hq, p.Nq, p.D), dtype=torch.float32, device=dev)
+    # One turn counter per (batch, query head, query tile) of the smallest tile (16 rows).
+    locks = (torch.zeros(p.B * p.Hq * triton.cdiv(p.Nq, 16), dtype=torch.int32, device=dev)
+             if dq_mode == 2 else lse)
     mask = _mask_arg(p, q)
     count = stats is not None
     consts = _common_consts(p, q.dtype, allow_tf32)
@@ -738,16 +1012,18 @@ def _backward(do, q, k, v, out, lse, p: Problem, deterministic: bool, allow_tf32
             out, do, delta, *out.stride(), *do.stride(), p.Hq, p.Nq, p.D,
             BLOCK_M=pre_block, BLOCK_D=Dp, ALIGNED=consts["ALIGNED"])
         buf_kv = _stats_buffer(count, triton.cdiv(p.Nk, 16) * p.B * p.Hkv, dev)
-        _launch("dkdv", lambda m: (triton.cdiv(p.Nk, m["BLOCK_N"]), p.B * p.Hkv), (
-            q, k, v, mask, do, lse, delta, dk, dv, dq_acc, buf_kv if count else lse,
+        _launch("dkdv", lambda m: (triton.cdiv(p.Nk, m["BLOCK_N"]), p.B * p.Hkv),
+                (q, k, v, mask, do, lse, delta, dk, dv, dq_acc, locks,
+                 buf_kv if count else lse),
+                (q, do), (
             *q.stride(), *k.stride(), *v.stride(), *_strides(p.mask), *do.stride(),
             *dk.stride(), *dq_acc.stride(),
             p.Hkv, p.group, p.Nq, p.Nk, p.D, p.scale * LOG2E, p.scale, *_band_args(p)[1:]),
-            dict(ATOMIC_DQ=not deterministic, COUNT_TILES=count, **consts), p, q)
-        if deterministic:
+            dict(DQ_MODE=dq_mode, COUNT_TILES=count, **consts), p, q)
+        if dq_mode == 0:
             buf_q = _stats_buffer(count, triton.cdiv(p.Nq, 16) * p.B * p.Hq, dev)
-            _launch("dq", lambda m: (triton.cdiv(p.Nq, m["BLOCK_M"]), p.B * p.Hq), (
-                q, k, v, mask, do, lse, delta, dq, buf_q if count else lse,
+            _launch("dq", lambda m: (triton.cdiv(p.Nq, m["BLOCK_M"]), p.B * p.Hq),
+                    (q, k, v, mask, do, lse, delta, dq, buf_q if count else lse), (k, v), (
                 *q.stride(), *k.stride(), *v.stride(), *_strides(p.mask), *do.stride(),
                 *dq.stride(),
                 p.Hq, p.group, p.Nq, p.Nk, p.D, p.scale * LOG2E, p.scale, *_band_args(p)[1:]),
@@ -756,7 +1032,7 @@ def _backward(do, q, k, v, out, lse, p: Problem, deterministic: bool, allow_tf32
             dq = dq_acc.to(q.dtype)
     if count:
         stats.append(("dkdv", buf_kv))
-        if deterministic:
+        if dq_mode == 0:
             stats.append(("dq", buf_q))
     return dq, dk, dv
 
