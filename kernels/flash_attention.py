@@ -592,9 +592,14 @@ def _ordered_add(ptrs, x, mask, lock, turn):
     ascending order, so each waits only on an earlier launched program and the sum is taken
     in one fixed order: deterministic, as the separate dQ kernel is, without its recomputed
     Q K^T and dO V^T."""
+    # Spin on plain (volatile) reads, which do not serialise at the cache as atomics on one
+    # address do; then one acquiring read pairs with the release that published the turn.
     spins = 0
-    while (tl.atomic_add(lock, 0, sem="acquire") != turn) & (spins < ORDERED_SPIN_LIMIT):
+    seen = tl.load(lock, volatile=True)
+    while (seen != turn) & (spins < ORDERED_SPIN_LIMIT):
+        seen = tl.load(lock, volatile=True)
         spins += 1
+    tl.atomic_add(lock, 0, sem="acquire")
     if spins >= ORDERED_SPIN_LIMIT:
         x = x + float("nan")
     cur = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg")
