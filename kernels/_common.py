@@ -224,9 +224,12 @@ KINDS = ("fwd", "dkdv", "dq")
 ANY = None  # the causal column of a table row: matches causal and non-causal calls
 
 # Heuristic mode: one config per call, the first row matching (kind, element size,
-# BLOCK_D <= max_block_d, causal). 2-byte rows follow the H200 tile shapes of Triton's
-# fused-attention tutorial and FlashAttention-2 (forward 128x64 with 8 warps at D = 128,
-# dK/dV with 128 resident key rows and 64-row query tiles, half the stages at D = 256).
+# BLOCK_D <= max_block_d, causal). 2-byte rows at BLOCK_D = 128 are the fastest of the H200
+# sweep (docs/benchmarks/sweep.md, bf16, N = 4096): forward 256x64 with 8 warps (the 256-row
+# query tile held as two 128-row halves, 3 stages, 4 causal: 12 % and 10 % faster than the
+# earlier 128x64), dK/dV with 128 resident key rows and 64-row query tiles, dQ 128x64 with 3
+# stages; the other head dims follow Triton's fused-attention tutorial and FlashAttention-2
+# (half the stages at D = 256).
 # fp32 uses IEEE dot products, which run on the FMA units and are unrolled per thread: the
 # sm_90 compile time grows with the multiply-adds per thread and tile step (about
 # n_dots * outer * inner * BLOCK_D / threads), so fp32 rows keep that near 2K or below
@@ -234,7 +237,8 @@ ANY = None  # the causal column of a table row: matches causal and non-causal ca
 HEURISTIC_TABLE = (
     # kind    elem max_block_d causal  (outer, inner, warps, stages)
     ("fwd",   2,   64,         ANY,    (128, 64, 4, 3)),
-    ("fwd",   2,   128,        ANY,    (128, 64, 8, 3)),
+    ("fwd",   2,   128,        False,  (256, 64, 8, 3)),
+    ("fwd",   2,   128,        True,   (256, 64, 8, 4)),
     ("fwd",   2,   256,        ANY,    (64, 64, 8, 2)),
     ("fwd",   4,   64,         ANY,    (64, 32, 4, 2)),
     ("fwd",   4,   128,        ANY,    (32, 32, 8, 1)),
@@ -246,7 +250,7 @@ HEURISTIC_TABLE = (
     ("dkdv",  4,   128,        ANY,    (32, 32, 8, 1)),
     ("dkdv",  4,   256,        ANY,    (32, 16, 8, 1)),
     ("dq",    2,   64,         ANY,    (128, 64, 8, 3)),
-    ("dq",    2,   128,        ANY,    (128, 64, 8, 2)),
+    ("dq",    2,   128,        ANY,    (128, 64, 8, 3)),
     ("dq",    2,   256,        ANY,    (64, 32, 8, 2)),
     ("dq",    4,   64,         ANY,    (32, 32, 4, 2)),
     ("dq",    4,   128,        ANY,    (32, 32, 8, 1)),
@@ -256,11 +260,11 @@ HEURISTIC_TABLE = (
 # Autotune mode (benchmarking): the heuristic point plus these candidates, filtered by
 # keep(), at most MAX_AUTOTUNE per call. Keyed by (kind, element size, max_block_d).
 AUTOTUNE_GRID = {
-    ("fwd", 2, 128): ((128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 8, 4)),
+    ("fwd", 2, 128): ((256, 64, 8, 3), (256, 64, 8, 4), (128, 128, 8, 3)),
     ("fwd", 2, 256): ((64, 32, 4, 2), (64, 64, 4, 2), (128, 64, 8, 2)),
-    ("dkdv", 2, 128): ((128, 32, 8, 3), (64, 32, 4, 3), (128, 64, 8, 3)),
+    ("dkdv", 2, 128): ((128, 64, 8, 3), (64, 32, 4, 3), (128, 64, 8, 1)),
     ("dkdv", 2, 256): ((64, 64, 8, 2), (64, 32, 4, 2), (32, 32, 4, 2)),
-    ("dq", 2, 128): ((128, 32, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3)),
+    ("dq", 2, 128): ((128, 64, 8, 2), (128, 128, 8, 2), (128, 32, 8, 3)),
     ("dq", 2, 256): ((64, 64, 8, 2), (64, 32, 4, 2), (32, 32, 4, 2)),
     ("fwd", 4, 256): ((32, 32, 4, 1), (32, 16, 4, 1)),
     ("dkdv", 4, 256): ((32, 32, 4, 1), (32, 16, 4, 1)),
@@ -289,22 +293,30 @@ _mode = ["heuristic"]
 
 # Hopper paths (sm_90 and later, 2-byte dtypes). TMA: the tile loops read their streamed
 # operands (K and V; Q and dO for dK/dV) through tensor descriptors, one bulk tensor copy per
-# tile, instead of per-thread pointer loads. "auto" uses them where the device and dtype
-# allow, "on" wherever the layout allows (the interpreter included: the CPU tests run the
-# descriptor path), "off" never.
+# tile, instead of per-thread pointer loads. "auto" uses them where the device and the
+# schedule table allow, "on" wherever the layout allows (the interpreter included: the CPU
+# tests run the descriptor path), "off" never.
 TMA_MODES = ("auto", "on", "off")
-# Schedule flags per (kind, element size): ws, warp-specialise the tile loop (with TMA only);
-# reverse, launch the last tile first under a causal-like band (the forward's and dQ's last
-# query tiles see the most keys); split, the forward holds its query tile as two halves whose
-# Q K^T and softmax interleave.
-SCHEDULE = {
-    ("fwd", 2): dict(ws=False, reverse=True, split=False),
-    ("fwd", 4): dict(ws=False, reverse=True, split=False),
-    ("dkdv", 2): dict(ws=False, reverse=False),
-    ("dkdv", 4): dict(ws=False, reverse=False),
-    ("dq", 2): dict(ws=False, reverse=True),
-    ("dq", 4): dict(ws=False, reverse=True),
-}
+# Schedule flags, first row matching (kind, element size, BLOCK_D <= max_block_d): tma, read
+# the streamed tiles through tensor descriptors; ws, warp-specialise the tile loop (with TMA
+# only); reverse, launch the last tile first under a causal-like band (the forward's and dQ's
+# last query tiles see the most keys). From the H200 sweep (docs/benchmarks/sweep.md, bf16,
+# D = 128, N = 4096): descriptors gain 2-5 % on the dK/dV and dQ kernels (the dQ kernel a
+# little more with warp specialisation) and lose up to 11 % on the forward's 256-row tile;
+# other head dims were not swept and keep the pointer path.
+SCHEDULE_TABLE = (
+    # kind    elem max_block_d tma    ws     reverse
+    ("fwd",   2,   256,        False, False, True),
+    ("dkdv",  2,   64,         False, False, False),
+    ("dkdv",  2,   128,        True,  False, False),
+    ("dkdv",  2,   256,        False, False, False),
+    ("dq",    2,   64,         False, False, True),
+    ("dq",    2,   128,        True,  True,  True),
+    ("dq",    2,   256,        False, False, True),
+    ("fwd",   4,   256,        False, False, True),
+    ("dkdv",  4,   256,        False, False, False),
+    ("dq",    4,   256,        False, False, True),
+)
 _tma_mode = [os.environ.get("FLASHCHECK_TMA", "auto")]
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor as _TD  # noqa: F401
@@ -313,29 +325,13 @@ except ImportError:  # pragma: no cover - triton < 3.3
     HAS_TMA = False
 
 
-# Deterministic dQ of 2-byte inputs: "ordered" (fp32 adds inside the dK/dV kernel, taken in
-# key-tile order: 5 matrix products per tile pair) or "separate" (its own kernel per query
-# tile, recomputing Q K^T and dO V^T: 7). fp32 inputs always take the separate kernel, whose
-# dQ is one fp32 FMA chain (``dot_family``).
-DQ_PATHS = ("ordered", "separate")
-_dq_path = [os.environ.get("FLASHCHECK_DQ", "ordered")]
-
-
-def set_dq_path(path: str) -> None:
-    """Select the deterministic dQ path of 2-byte inputs (:data:`DQ_PATHS`)."""
-    if path not in DQ_PATHS:
-        raise ValueError(f"dQ path must be one of {DQ_PATHS}, got {path!r}")
-    _dq_path[0] = path
-
-
-def ordered_dq(elem: int) -> bool:
-    """Whether a deterministic backward of ``elem``-byte inputs takes the ordered dQ path."""
-    return elem == 2 and _dq_path[0] == "ordered"
-
-
-def schedule(kind: str, elem: int) -> dict:
-    """The :data:`SCHEDULE` flags of a launch."""
-    return SCHEDULE[(kind, elem)]
+def schedule(kind: str, elem: int, block_d: int) -> dict:
+    """The :data:`SCHEDULE_TABLE` flags of a launch: ``{"tma", "ws", "reverse"}``."""
+    _check_kind(kind, block_d, elem)
+    for k, e, max_bd, tma_, ws, reverse in SCHEDULE_TABLE:
+        if k == kind and e == elem and block_d <= max_bd:
+            return dict(tma=tma_, ws=ws, reverse=reverse)
+    raise LookupError(f"no schedule for kind={kind}, block_d={block_d}, elem={elem}")
 
 
 def set_tma(mode: str) -> None:
@@ -356,16 +352,18 @@ def tma(mode: str):
         _tma_mode[0] = prev
 
 
-def use_tma(device: torch.device, elem: int) -> bool:
-    """Whether a launch on ``device`` with ``elem``-byte operands uses tensor descriptors
-    (the layout is checked by the launcher)."""
+def use_tma(kind: str, device: torch.device, elem: int, block_d: int) -> bool:
+    """Whether a launch of ``kind`` on ``device`` with ``elem``-byte operands reads its tiles
+    through tensor descriptors (the layout is checked by the launcher): "on" always, "off"
+    never, "auto" on sm_90 and later where the :data:`SCHEDULE_TABLE` row says so."""
     mode = _tma_mode[0]
     if mode == "off" or not HAS_TMA:
         return False
     if mode == "on":
         return True
-    return (not INTERPRET and device.type == "cuda" and elem == 2
-            and torch.cuda.get_device_capability(device)[0] >= 9)
+    return (not INTERPRET and device.type == "cuda"
+            and torch.cuda.get_device_capability(device)[0] >= 9
+            and schedule(kind, elem, block_d)["tma"])
 
 
 def set_tuning(mode: str) -> None:

@@ -350,7 +350,7 @@ def _tma_pre_hook(names: tuple[str, ...], inner: str):
 
 def _tuned(fixed, kind: str, outer: str, inner: str, descs: tuple[str, ...], **extra):
     """The autotune launch path over the same jit function as ``fixed``."""
-    key = _KEY + (["DQ_MODE"] if kind == "dkdv" else [])
+    key = _KEY + (["ATOMIC_DQ"] if kind == "dkdv" else [])
     return triton.autotune(configs=make_configs(kind, outer, inner,
                                                 _tma_pre_hook(descs, inner)), key=key,
                            prune_configs_by={"early_config_prune":
@@ -371,8 +371,7 @@ def _fwd_kernel_impl(Q, K, V, M, O, LSE, STATS, DESC_K, DESC_V,
                 PRECISION: tl.constexpr, COUNT_TILES: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
                 EVEN_N: tl.constexpr, PAD_D: tl.constexpr, ALIGNED: tl.constexpr,
-                TMA: tl.constexpr, WS: tl.constexpr, REVERSE: tl.constexpr,
-                SPLIT: tl.constexpr):
+                TMA: tl.constexpr, WS: tl.constexpr, REVERSE: tl.constexpr):
     stride_qz, stride_qh, stride_qm = \
         _a16(stride_qz, ALIGNED), _a16(stride_qh, ALIGNED), _a16(stride_qm, ALIGNED)
     stride_kz, stride_kh, stride_kn = \
@@ -401,7 +400,8 @@ def _fwd_kernel_impl(Q, K, V, M, O, LSE, STATS, DESC_K, DESC_V,
                                            BAND)
     o_base = O + off_z * stride_oz + off_h * stride_oh
     lse_base = LSE + off_bh.to(tl.int64) * N_CTX_Q
-    if SPLIT:
+    if BLOCK_M >= 256:
+        # A 256-row query tile is held as two 128-row halves (_fwd_inner_split).
         HALF: tl.constexpr = BLOCK_M // 2
         offs_a = start_m + tl.arange(0, HALF)
         offs_b = offs_a + HALF
@@ -524,10 +524,9 @@ def _dkdv_inner(dk, dv, cnt, k, v, q_base, do_base, m_base, lse_base, delta_base
                 stride_dqm, stride_dqd,
                 N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, sm_scale, lo_off, hi_off,
                 MASKED: tl.constexpr, BAND: tl.constexpr,
-                MASK_KIND: tl.constexpr, PRECISION: tl.constexpr, DQ_MODE: tl.constexpr,
+                MASK_KIND: tl.constexpr, PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
-                desc_q, desc_do, off_z, off_h, TMA: tl.constexpr, WS: tl.constexpr,
-                lock_base, kv_tile, BLOCK_N: tl.constexpr):
+                desc_q, desc_do, off_z, off_h, TMA: tl.constexpr, WS: tl.constexpr):
     offs_d = tl.arange(0, BLOCK_D)
     for start_m in tl.range(start, end, BLOCK_M, warp_specialize=WS):
         start_m = tl.multiple_of(start_m, BLOCK_M)
@@ -554,63 +553,16 @@ def _dkdv_inner(dk, dv, cnt, k, v, q_base, do_base, m_base, lse_base, delta_base
         dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)
         dsT = pT * (dpT - delta[None, :])
         dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=PRECISION)
-        if DQ_MODE != 0:
+        if ATOMIC_DQ:
             dq = tl.dot(tl.trans(dsT).to(k.dtype), k, input_precision=PRECISION) * sm_scale
-            dq_ptrs = dq_base + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd
-            dq_ok = (offs_m[:, None] < N_CTX_Q) & (offs_d[None, :] < HEAD_DIM)
-            if DQ_MODE == 1:
-                tl.atomic_add(dq_ptrs, dq, mask=dq_ok)
-            else:
-                _ordered_add(dq_ptrs, dq, dq_ok, lock_base + start_m // BLOCK_M,
-                             kv_tile - _first_kv_tile(start_m, N_CTX_Q, N_CTX_K, lo_off,
-                                                      hi_off, BLOCK_M, BLOCK_N, BAND))
+            tl.atomic_add(dq_base + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
+                          dq, mask=(offs_m[:, None] < N_CTX_Q) & (offs_d[None, :] < HEAD_DIM))
         cnt += 1
     return dk, dv, cnt
 
 
-# Spins of a wait for its turn (each one atomic read, ~1 us) before an ordered dQ add gives
-# up: ~4 s, three orders of magnitude above the longest legitimate wait (the key tile before
-# it finishing one query tile). A turn that never comes (a bug in the tile ranges) then ends
-# in NaN in dQ, which every check flags, instead of a hung GPU.
-ORDERED_SPIN_LIMIT = tl.constexpr(1 << 22)
-
-
-@triton.jit
-def _first_kv_tile(start_m, N_CTX_Q, N_CTX_K, lo_off, hi_off, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BAND: tl.constexpr):
-    """The first key tile that query tile ``start_m`` sees (the forward's tile range)."""
-    r_hi = tl.minimum(start_m + BLOCK_M, N_CTX_Q) - 1
-    lo, _fl, _fh, _hi = _band_range(start_m, r_hi, lo_off, hi_off, N_CTX_K, BLOCK_N, BAND)
-    return lo // BLOCK_N
-
-
-@triton.jit
-def _ordered_add(ptrs, x, mask, lock, turn):
-    """``*ptrs += x`` (fp32) as contribution number ``turn`` to this tile: wait until
-    ``*lock == turn`` (the key tiles before this one have added theirs), add, publish
-    ``turn + 1``. Contributions to a query tile come from consecutive key tiles, launched in
-    ascending order, so each waits only on an earlier launched program and the sum is taken
-    in one fixed order: deterministic, as the separate dQ kernel is, without its recomputed
-    Q K^T and dO V^T."""
-    # Spin on plain (volatile) reads, which do not serialise at the cache as atomics on one
-    # address do; then one acquiring read pairs with the release that published the turn.
-    spins = 0
-    seen = tl.load(lock, volatile=True)
-    while (seen != turn) & (spins < ORDERED_SPIN_LIMIT):
-        seen = tl.load(lock, volatile=True)
-        spins += 1
-    tl.atomic_add(lock, 0, sem="acquire")
-    if spins >= ORDERED_SPIN_LIMIT:
-        x = x + float("nan")
-    cur = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg")
-    tl.store(ptrs, cur + x, mask=mask, cache_modifier=".cg")
-    tl.debug_barrier()
-    tl.atomic_xchg(lock, turn + 1, sem="release")
-
-
 @_no_spec
-def _bwd_dkdv_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, LOCKS, STATS, DESC_Q,
-                     DESC_DO,
+def _bwd_dkdv_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, STATS, DESC_Q, DESC_DO,
                      stride_qz, stride_qh, stride_qm, stride_qd,
                      stride_kz, stride_kh, stride_kn, stride_kd,
                      stride_vz, stride_vh, stride_vn, stride_vd,
@@ -621,7 +573,7 @@ def _bwd_dkdv_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, LOCKS, STATS, 
                      HKV, GROUP, N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, sm_scale, lo_off, hi_off,
                      NQ_BUCKET, NK_BUCKET, IS_CAUSAL, DTYPE_KEY: tl.constexpr,
                      BAND: tl.constexpr, MASK_KIND: tl.constexpr,
-                     PRECISION: tl.constexpr, DQ_MODE: tl.constexpr,
+                     PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
                      COUNT_TILES: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
                      EVEN_N: tl.constexpr, PAD_D: tl.constexpr, ALIGNED: tl.constexpr,
@@ -670,30 +622,29 @@ def _bwd_dkdv_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, LOCKS, STATS, 
         lse_base = LSE + off_bh * N_CTX_Q
         delta_base = DELTA + off_bh * N_CTX_Q
         dq_base = DQ + off_z * stride_dqz + off_h * stride_dqh
-        lock_base = LOCKS + off_bh * tl.cdiv(N_CTX_Q, BLOCK_M)
         if BAND:
             dk, dv, n_edge = _dkdv_inner(
                 dk, dv, n_edge, k, v, q_base, do_base, m_base, lse_base, delta_base, dq_base,
                 offs_n, lo, full_lo, stride_qm, stride_qd, stride_dom, stride_dod,
                 stride_mm, stride_mn, stride_dqm, stride_dqd, N_CTX_Q, N_CTX_K, HEAD_DIM,
                 qk_scale, sm_scale, lo_off, hi_off, True, BAND, MASK_KIND,
-                PRECISION, DQ_MODE, BLOCK_M, BLOCK_D, PAD_D,
-                DESC_Q, DESC_DO, off_z, off_h, TMA, WS, lock_base, pid_n, BLOCK_N)
+                PRECISION, ATOMIC_DQ, BLOCK_M, BLOCK_D, PAD_D,
+                DESC_Q, DESC_DO, off_z, off_h, TMA, WS)
         dk, dv, n_full = _dkdv_inner(
             dk, dv, n_full, k, v, q_base, do_base, m_base, lse_base, delta_base, dq_base,
             offs_n, full_lo, full_hi, stride_qm, stride_qd, stride_dom, stride_dod,
             stride_mm, stride_mn, stride_dqm, stride_dqd, N_CTX_Q, N_CTX_K, HEAD_DIM,
             qk_scale, sm_scale, lo_off, hi_off, False, BAND, MASK_KIND,
-            PRECISION, DQ_MODE, BLOCK_M, BLOCK_D, PAD_D,
-            DESC_Q, DESC_DO, off_z, off_h, TMA, WS, lock_base, pid_n, BLOCK_N)
+            PRECISION, ATOMIC_DQ, BLOCK_M, BLOCK_D, PAD_D,
+            DESC_Q, DESC_DO, off_z, off_h, TMA, WS)
         if BAND or not EVEN_M:
             dk, dv, n_edge = _dkdv_inner(
                 dk, dv, n_edge, k, v, q_base, do_base, m_base, lse_base, delta_base, dq_base,
                 offs_n, full_hi, hi, stride_qm, stride_qd, stride_dom, stride_dod,
                 stride_mm, stride_mn, stride_dqm, stride_dqd, N_CTX_Q, N_CTX_K, HEAD_DIM,
                 qk_scale, sm_scale, lo_off, hi_off, True, BAND, MASK_KIND,
-                PRECISION, DQ_MODE, BLOCK_M, BLOCK_D, PAD_D,
-                DESC_Q, DESC_DO, off_z, off_h, TMA, WS, lock_base, pid_n, BLOCK_N)
+                PRECISION, ATOMIC_DQ, BLOCK_M, BLOCK_D, PAD_D,
+                DESC_Q, DESC_DO, off_z, off_h, TMA, WS)
     dk = dk * sm_scale
     st_mask = (offs_n[:, None] < N_CTX_K) & (offs_d[None, :] < HEAD_DIM)
     # DK and DV are allocated by the launcher with identical (contiguous) strides.
@@ -831,7 +782,7 @@ _fwd_fixed = triton.heuristics(_EVEN)(_fwd_kernel_impl)
 _fwd_tuned = _tuned(_fwd_fixed, "fwd", "BLOCK_M", "BLOCK_N", ("DESC_K", "DESC_V"))
 _dkdv_fixed = triton.heuristics(_EVEN)(_bwd_dkdv_kernel_impl)
 _dkdv_tuned = _tuned(_dkdv_fixed, "dkdv", "BLOCK_N", "BLOCK_M", ("DESC_Q", "DESC_DO"),
-                     reset_to_zero=["DQ", "LOCKS"])
+                     reset_to_zero=["DQ"])
 _dq_fixed = triton.heuristics(_EVEN)(_bwd_dq_kernel_impl)
 _dq_tuned = _tuned(_dq_fixed, "dq", "BLOCK_M", "BLOCK_N", ("DESC_K", "DESC_V"))
 _PATHS = {"fwd": (_fwd_fixed, _fwd_tuned, "BLOCK_M", "BLOCK_N"),
@@ -908,18 +859,15 @@ def _tma_layout_ok(*tensors: torch.Tensor) -> bool:
 
 
 def _hopper_flags(kind: str, p: Problem, q: torch.Tensor, streamed: tuple) -> dict:
-    """The schedule flags of a launch (``_common.SCHEDULE``): TMA, tensor descriptors for the
-    streamed operands where the device, dtype and layout allow (``_common.use_tma``); WS,
-    warp specialisation of the tile loop; REVERSE, last tile first where a causal-like band
-    makes the last tiles of this kind the longest; SPLIT (forward), the query tile as two
-    halves."""
-    tma = _common.use_tma(q.device, q.element_size()) and _tma_layout_ok(*streamed)
-    sched = _common.schedule(kind, q.element_size())
-    flags = dict(TMA=tma, WS=bool(tma and sched["ws"]),
-                 REVERSE=bool(sched["reverse"] and p.has_hi and not p.has_lo))
-    if kind == "fwd":
-        flags["SPLIT"] = bool(sched["split"])
-    return flags
+    """The schedule flags of a launch (``_common.SCHEDULE_TABLE``): TMA, tensor descriptors
+    for the streamed operands where the device, table and layout allow; WS, warp
+    specialisation of the tile loop (with TMA); REVERSE, last tile first where a causal-like
+    band makes the last tiles of this kind the longest."""
+    bd, elem = block_d(p.D), q.element_size()
+    sched = _common.schedule(kind, elem, bd)
+    tma = _common.use_tma(kind, q.device, elem, bd) and _tma_layout_ok(*streamed)
+    return dict(TMA=tma, WS=bool(tma and sched["ws"]),
+                REVERSE=bool(sched["reverse"] and p.has_hi and not p.has_lo))
 
 
 def _launch(kind: str, grid, head: tuple, streamed: tuple, tail: tuple, kwargs: dict,
@@ -996,17 +944,11 @@ def _backward(do, q, k, v, out, lse, p: Problem, deterministic: bool, allow_tf32
     delta = torch.empty((p.B, p.Hq, p.Nq), dtype=torch.float32, device=dev)
     dk = torch.empty((p.B, p.Hkv, p.Nk, p.D), dtype=q.dtype, device=dev)
     dv = torch.empty_like(dk)
-    # dQ: a separate kernel per query tile (0), fp32 atomics in the dK/dV kernel (1), or
-    # fp32 adds in the dK/dV kernel taken in key-tile order (2; see _ordered_add).
-    dq_mode = 1 if not deterministic else 2 if _common.ordered_dq(q.element_size()) else 0
-    if dq_mode == 0:
+    if deterministic:
         dq = torch.empty((p.B, p.Hq, p.Nq, p.D), dtype=q.dtype, device=dev)
         dq_acc = dq
     else:
         dq_acc = torch.zeros((p.B, p.Hq, p.Nq, p.D), dtype=torch.float32, device=dev)
-    # One turn counter per (batch, query head, query tile) of the smallest tile (16 rows).
-    locks = (torch.zeros(p.B * p.Hq * triton.cdiv(p.Nq, 16), dtype=torch.int32, device=dev)
-             if dq_mode == 2 else lse)
     mask = _mask_arg(p, q)
     count = stats is not None
     consts = _common_consts(p, q.dtype, allow_tf32)
@@ -1018,14 +960,13 @@ def _backward(do, q, k, v, out, lse, p: Problem, deterministic: bool, allow_tf32
             BLOCK_M=pre_block, BLOCK_D=Dp, ALIGNED=consts["ALIGNED"])
         buf_kv = _stats_buffer(count, triton.cdiv(p.Nk, 16) * p.B * p.Hkv, dev)
         _launch("dkdv", lambda m: (triton.cdiv(p.Nk, m["BLOCK_N"]), p.B * p.Hkv),
-                (q, k, v, mask, do, lse, delta, dk, dv, dq_acc, locks,
-                 buf_kv if count else lse),
+                (q, k, v, mask, do, lse, delta, dk, dv, dq_acc, buf_kv if count else lse),
                 (q, do), (
             *q.stride(), *k.stride(), *v.stride(), *_strides(p.mask), *do.stride(),
             *dk.stride(), *dq_acc.stride(),
             p.Hkv, p.group, p.Nq, p.Nk, p.D, p.scale * LOG2E, p.scale, *_band_args(p)[1:]),
-            dict(DQ_MODE=dq_mode, COUNT_TILES=count, **consts), p, q)
-        if dq_mode == 0:
+            dict(ATOMIC_DQ=not deterministic, COUNT_TILES=count, **consts), p, q)
+        if deterministic:
             buf_q = _stats_buffer(count, triton.cdiv(p.Nq, 16) * p.B * p.Hq, dev)
             _launch("dq", lambda m: (triton.cdiv(p.Nq, m["BLOCK_M"]), p.B * p.Hq),
                     (q, k, v, mask, do, lse, delta, dq, buf_q if count else lse), (k, v), (
@@ -1037,7 +978,7 @@ def _backward(do, q, k, v, out, lse, p: Problem, deterministic: bool, allow_tf32
             dq = dq_acc.to(q.dtype)
     if count:
         stats.append(("dkdv", buf_kv))
-        if dq_mode == 0:
+        if deterministic:
             stats.append(("dq", buf_q))
     return dq, dk, dv
 
