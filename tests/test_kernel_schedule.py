@@ -1,0 +1,151 @@
+"""The kernel's schedule choices change the speed, never the bits.
+
+Each choice (``_common.SCHEDULE_TABLE``, the 256-row forward tile) must give results
+bit-identical to the plain path: tensor-descriptor loads read the same operands (zeros past
+the sequence and the head dim, as the masked pointer loads), the split forward runs per row
+the same operations in the same order, and last-tile-first only reorders programs. Under
+the interpreter (CPU) the descriptor path is forced with ``_common.tma("on")``, the 256-row
+tile by pinning the forward's launch point; on CUDA the same tests run on the device.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from flashcheck.kernels import _common
+from flashcheck.kernels import flash_attention as fa
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPE = torch.float16  # runs on both: bf16 is wrong under the interpreter
+
+CASES = [
+    # (Nq, Nk, D, Hq, Hkv, kwargs)
+    (40, 45, 24, 4, 2, dict(is_causal=True, enable_gqa=True)),
+    (33, 17, 16, 2, 2, dict()),
+    (48, 70, 32, 2, 1, dict(window=(5, 3), enable_gqa=True)),
+    (37, 50, 72, 2, 2, dict(is_causal=True, causal_alignment="bottom_right")),
+]
+
+
+def _inputs(Nq, Nk, D, Hq, Hkv, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, Hq, Nq, D, generator=g).to(DTYPE).to(DEVICE)
+    k = torch.randn(2, Hkv, Nk, D, generator=g).to(DTYPE).to(DEVICE)
+    v = torch.randn(2, Hkv, Nk, D, generator=g).to(DTYPE).to(DEVICE)
+    do = torch.randn(2, Hq, Nq, D, generator=g).to(DTYPE).to(DEVICE)
+    return q, k, v, do
+
+
+def _fwd_bwd(q, k, v, do, **kw):
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    out = fa.attention(qg, kg, vg, **kw)
+    out.backward(do)
+    return out.detach(), qg.grad, kg.grad, vg.grad
+
+
+def _assert_bitwise(a, b):
+    for name, x, y in zip(("out", "dq", "dk", "dv"), a, b, strict=True):
+        assert torch.equal(x, y), f"{name}: max diff {(x.float() - y.float()).abs().max()}"
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_descriptor_loads_are_bit_identical_to_pointer_loads(case):
+    Nq, Nk, D, Hq, Hkv, kw = CASES[case]
+    q, k, v, do = _inputs(Nq, Nk, D, Hq, Hkv, seed=case)
+    with _common.tma("off"):
+        plain = _fwd_bwd(q, k, v, do, **kw)
+    with _common.tma("on"):
+        p = _common.validate(q, k, v, None, 0.0, kw.get("is_causal", False), None,
+                             kw.get("enable_gqa", False), kw.get("window"),
+                             kw.get("causal_alignment", "top_left"))
+        assert all(fa._hopper_flags(kind, p, q, (k, v))["TMA"] for kind in _common.KINDS)
+        tma = _fwd_bwd(q, k, v, do, **kw)
+    _assert_bitwise(plain, tma)
+
+
+def test_descriptor_path_with_a_strided_layout_and_a_mask():
+    # (B, N, H, D) storage viewed as (B, H, N, D): row stride H*D, head stride D.
+    g = torch.Generator().manual_seed(5)
+    base = [torch.randn(2, 40, 3, 32, generator=g).to(DTYPE).to(DEVICE) for _ in range(4)]
+    q, k, v, do = (t.transpose(1, 2) for t in base)
+    mask = (torch.rand(40, 40, generator=g) > 0.3).to(DEVICE)
+    with _common.tma("off"):
+        plain = _fwd_bwd(q, k, v, do, attn_mask=mask)
+    with _common.tma("on"):
+        tma = _fwd_bwd(q, k, v, do, attn_mask=mask)
+    _assert_bitwise(plain, tma)
+
+
+def test_layouts_the_copy_engine_refuses_fall_back_to_pointer_loads():
+    q, k, v, do = _inputs(20, 20, 16, 2, 2)
+    assert fa._tma_layout_ok(q, k)
+    odd = torch.randn(2, 2, 20, 3).to(DTYPE).to(DEVICE)       # row stride 6 bytes
+    assert not fa._tma_layout_ok(odd)
+    shifted = torch.randn(2 * 2 * 20 * 16 + 1).to(DTYPE).to(DEVICE)[1:].view(2, 2, 20, 16)
+    assert not fa._tma_layout_ok(shifted)                      # base 2 bytes off 16
+    one_batch = torch.randn(1, 2, 20, 16).to(DTYPE).to(DEVICE).as_strided(
+        (1, 2, 20, 16), (7, 320, 16, 1))                       # size-1 dim, odd stride
+    assert fa._tma_layout_ok(one_batch)
+    p = _common.validate(odd, odd, odd, None, 0.0, False, None, False, None, "top_left")
+    with _common.tma("on"):
+        assert fa._hopper_flags("fwd", p, odd, (odd, odd))["TMA"] is False
+        with_fallback = _fwd_bwd(odd, odd, odd, torch.ones_like(odd))
+    with _common.tma("off"):
+        plain = _fwd_bwd(odd, odd, odd, torch.ones_like(odd))
+    _assert_bitwise(plain, with_fallback)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_the_256_row_tile_as_two_halves_is_bit_identical(case, monkeypatch):
+    Nq, Nk, D, Hq, Hkv, kw = CASES[case]
+    q, k, v, _do = _inputs(Nq, Nk, D, Hq, Hkv, seed=10 + case)
+    orig = _common.launch_point
+    results = []
+    for rows in (128, 256):
+        monkeypatch.setattr(_common, "launch_point", lambda kind, *a, _r=rows, **k_: (
+            (_r, 16, 4, 1) if kind == "fwd" else orig(kind, *a, **k_)))
+        p = _common.validate(q, k, v, None, 0.0, kw.get("is_causal", False), None,
+                             kw.get("enable_gqa", False), kw.get("window"),
+                             kw.get("causal_alignment", "top_left"))
+        results.append(fa._forward(q, k, v, p, False))
+    (o1, l1), (o2, l2) = results
+    assert torch.equal(o1, o2) and torch.equal(l1, l2)
+
+
+def test_schedule_table_covers_every_launch_and_rejects_bad_input():
+    for kind in _common.KINDS:
+        for elem in (2, 4):
+            for bd in (16, 32, 64, 128, 256):
+                flags = _common.schedule(kind, elem, bd)
+                assert set(flags) == {"tma", "ws", "reverse"}
+                assert not flags["ws"] or flags["tma"], "warp specialisation needs TMA"
+    with pytest.raises(ValueError, match="TMA mode must be one of"):
+        _common.set_tma("sometimes")
+    with pytest.raises(ValueError, match="kind must be one of"):
+        _common.schedule("bwd", 2, 128)
+    # "auto" never takes descriptors off sm_90+ CUDA devices (the interpreter included).
+    with _common.tma("auto"):
+        assert not _common.use_tma("dq", torch.device("cpu"), 2, 128)
+    with _common.tma("off"):
+        assert not _common.use_tma("dq", torch.device(DEVICE), 2, 128)
+
+
+def test_autotune_pre_hook_gives_descriptors_the_config_block():
+    t = torch.randn(1, 2, 64, 32).to(DTYPE)
+    d = fa._descriptor(t, 16, 32)
+    fa._tma_pre_hook(("DESC_K", "DESC_V"), "BLOCK_N")(
+        {"DESC_K": d, "DESC_V": t, "BLOCK_N": 64, "BLOCK_D": 32})
+    assert list(d.block_shape) == [1, 1, 64, 32]
+
+
+def test_last_tile_first_only_under_an_upper_bounded_band():
+    q, k, v, _do = _inputs(32, 32, 16, 2, 2)
+
+    def flags(kind, **kw):
+        p = _common.validate(q, k, v, None, 0.0, kw.get("is_causal", False), None, False,
+                             kw.get("window"), "top_left")
+        return fa._hopper_flags(kind, p, q, (k, v))["REVERSE"]
+
+    assert flags("fwd", is_causal=True) and flags("dq", is_causal=True)
+    assert not flags("dkdv", is_causal=True)          # its longest tiles are the first ones
+    assert not flags("fwd") and not flags("fwd", window=(4, 4))
