@@ -6,6 +6,9 @@
 #   bash scripts/gpu/session.sh verify    per-kernel reports of the GPU sweep (--jobs), with
 #                                         the harness throughput measured on a warm cache
 #   bash scripts/gpu/session.sh ncu       ncu on one forward+backward of ours and of cuDNN
+#   bash scripts/gpu/session.sh sweep     our kernel's launch points and schedule flags timed
+#                                         beside cuDNN (scripts/gpu/sweep_hopper.py; SWEEP_ARGS:
+#                                         e.g. "--d 64"), docs/benchmarks/sweep.md
 #   bash scripts/gpu/session.sh suite     the harness throughput without a compiler
 #                                         (sdpa-math; 1 and 8 processes), then the whole test
 #                                         suite on CUDA (tox -e gpu's tests, as two runs:
@@ -100,6 +103,12 @@ if has bench; then
     --prewarm-timeout-s "${PREWARM_S:-200}" --budget-s "${BUDGET_S:-330}" --out "$R/bench" \
     ${BENCH_ARGS:-} > "$R/bench.log" 2>&1
   el "bench exit=$?"
+fi
+if has sweep; then
+  el sweep
+  timeout -s TERM "${SWEEP_S:-540}" python3 scripts/gpu/sweep_hopper.py --jobs "${SWEEP_JOBS:-15}" \
+    --compile-timeout "${SWEEP_COMPILE_S:-300}" --out "$R/sweep" ${SWEEP_ARGS:-} > "$R/sweep.log" 2>&1
+  el "sweep exit=$?"
 fi
 if has ncu; then
   for impl in triton cudnn; do
