@@ -4,7 +4,8 @@ Validation turns an SDPA-style call into a :class:`Problem` (plain data the laun
 read) or raises ``ValueError``/``NotImplementedError`` naming the argument and the allowed
 range. Tuning: the tuning mode (``"heuristic"``, the default: one config per call from a
 declarative table; ``"autotune"``: a small ``triton.Config`` grid for benchmarks), the
-``keep()`` shared-memory filter both modes apply, and the autotune key buckets.
+``keep()`` shared-memory filter both modes apply, the autotune key buckets, and the schedule
+flags (``SCHEDULE_TABLE``: tensor-descriptor loads, warp specialisation, launch order).
 
 Caveats:
 - Whether the Triton interpreter is active is decided once, at import time, from

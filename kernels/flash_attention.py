@@ -3,14 +3,18 @@
 Layout of this module (Triton fused-attention tutorial / Liger-Kernel style):
 - ``_band_range``/``_allowed``/``_load_2d``: small jit helpers;
 - ``_fwd_kernel_impl``: one program per (Q tile, batch x head); online softmax in fp32 with
-  ``exp2`` and log2(e) folded into the scale; saves the row log-sum-exp (base 2) for the
-  backward;
+  ``exp2`` and log2(e) folded into the scale (``_softmax_step``); saves the row log-sum-exp
+  (base 2) for the backward; a 256-row Q tile runs as two 128-row halves whose products and
+  exponentials interleave (``_fwd_inner_split``);
 - ``_bwd_preprocess``: delta_i = rowsum(dO_i * O_i);
 - ``_bwd_dkdv_kernel_impl``: one program per (K tile, batch x kv head); loops over the query heads
   of its GQA group, then over Q tiles; optionally accumulates dQ with atomics;
 - ``_bwd_dq_kernel_impl``: one program per (Q tile, batch x head);
 - ``_PATHS``: per kernel, a fixed-config launch path (heuristic tuning mode) and an autotuned
   one over the same jit function (``kernels.set_tuning``/``kernels.tuning``);
+- ``_hopper_flags``: the schedule flags of a launch (``_common.SCHEDULE_TABLE``): tile loads
+  through tensor descriptors (``_tma_tile``), a warp-specialised loop, last tile first;
+  all bit-identical to the plain path;
 - ``_forward``/``_backward``: launchers; ``_Attention``: the ``autograd.Function``;
 - ``attention``: the public SDPA-compatible entry; ``attention_ext`` adds the non-SDPA
   knobs (``deterministic``, ``allow_tf32``); ``attention_atomic``/``attention_tf32`` are
