@@ -319,11 +319,6 @@ SCHEDULE_TABLE = (
     ("dq",    4,   256,        False, False, True),
 )
 _tma_mode = [os.environ.get("FLASHCHECK_TMA", "auto")]
-try:
-    from triton.tools.tensor_descriptor import TensorDescriptor as _TD  # noqa: F401
-    HAS_TMA = True
-except ImportError:  # pragma: no cover - triton < 3.3
-    HAS_TMA = False
 
 
 def schedule(kind: str, elem: int, block_d: int) -> dict:
@@ -358,7 +353,7 @@ def use_tma(kind: str, device: torch.device, elem: int, block_d: int) -> bool:
     through tensor descriptors (the layout is checked by the launcher): "on" always, "off"
     never, "auto" on sm_90 and later where the :data:`SCHEDULE_TABLE` row says so."""
     mode = _tma_mode[0]
-    if mode == "off" or not HAS_TMA:
+    if mode == "off":
         return False
     if mode == "on":
         return True
