@@ -550,3 +550,53 @@ def test_flush_to_zero_of_per_head_partials_is_allowed_unless_strict():
     assert v.status == "pass", v.summary()
     strict = check_case(spec, case, "cpu", strict_subnormals=True)
     assert strict.status == "fail", strict.summary()
+
+
+def test_forward_flush_depends_on_tile_order_and_is_allowed():
+    """fp16, one dominant key (norm 607) per row, every other P_ij about 3.9e-5: the
+    flush_to_zero control (16-key tiles) keeps the keys it saw before the dominant one and
+    flushes those after it; its D_i, and with it dS of the dominant key, loses their share
+    and dq is 0 where the exact value is 0.0194. The ftz member (one tile) flushes them all
+    and is off by 0.0019, so only the forward-flush bound (verify/bounds.py, _forward_flush)
+    covers the control; strict subnormals still fail it."""
+    case = Case(B=1, Hq=2, Hkv=2, Nq=59, Nk=59, D=3, dtype="float16", is_causal=True,
+                scale=0.015625, dist={"kind": "dominant", "margin": 10.0}, seed=973)
+    spec = "verify/controls/flush_to_zero.py:attention"
+    v = check_case(spec, case, "cpu")
+    assert v.status == "pass", v.summary()
+    assert check_case(spec, case, "cpu", strict_subnormals=True).status == "fail"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_forward_flush_bound_holds_for_every_dropped_subset(seed):
+    """The derivation of _forward_flush in exact arithmetic: drop a random subset of the
+    forward's terms with e_ij < 2·tiny from O (l kept), recompute D = rowsum(dO·O) and
+    dq = scale·dS@K, dk = scale·dSᵀQ from the exact P: the changes stay within the bound."""
+    from flashcheck.verify.bounds import _forward_flush
+
+    g = torch.Generator().manual_seed(seed)
+    b, h, n, d, scale = 1, 2, 40, 8, 0.5
+    q = torch.randn(b, h, n, d, generator=g, dtype=torch.float64)
+    k = torch.randn(b, h, n, d, generator=g, dtype=torch.float64)
+    k[:, :, 7] *= 8.0  # a dominant key: most P_ij of a row fall below the threshold
+    v = torch.randn(b, h, n, d, generator=g, dtype=torch.float64)
+    do = torch.randn(b, h, n, d, generator=g, dtype=torch.float64)
+    tiny = 1e-3  # a threshold that many terms fall under
+    allowed = torch.ones(1, 1, n, n, dtype=torch.bool)
+    s = scale * q @ k.transpose(-1, -2)
+    e = torch.exp(s - s.amax(-1, keepdim=True))
+    p = e / e.sum(-1, keepdim=True)
+    dropped = (e < tiny) & (torch.rand(p.shape, generator=g, dtype=torch.float64) < 0.5)
+    assert bool(dropped.any())
+
+    def grads(o):
+        delta = (do * o).sum(-1, keepdim=True)
+        ds = p * (do @ v.transpose(-1, -2) - delta)
+        return scale * ds @ k, scale * ds.transpose(-1, -2) @ q
+
+    o, o_f = p @ v, torch.where(dropped, 0.0, p) @ v
+    (dq, dk), (dq_f, dk_f) = grads(o), grads(o_f)
+    bound = _forward_flush(allowed, None, h, tiny, (q, k, v, do, scale))
+    for name, change in (("out", o_f - o), ("dq", dq_f - dq), ("dk", dk_f - dk)):
+        assert bool((change.abs() <= bound[name] * (1 + 1e-9) + 1e-15).all()), name
+        assert float(bound[name].max()) < 50 * float(change.abs().max()), name  # not vacuous

@@ -221,6 +221,25 @@ def _key_multiplicity(key: torch.Tensor, hq: int) -> torch.Tensor:
     return _expand_kv(_identical_rows(key)[:, :, None, :], hq)
 
 
+def _exact_softmax(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor,
+                   bias: torch.Tensor | None, scale: float) -> tuple[torch.Tensor, ...]:
+    """float64 scores and softmax of q (B, Hq, Nq, D) against k expanded to Hq heads:
+    (s, ok, m, e, denom, p): scores (-inf where masked), the live mask, the row max (0 for
+    a dead row), e = exp(s - m) (0 where masked), its row sum and P = e / denom (0 on a
+    dead row)."""
+    s = scale * (q @ k.transpose(-1, -2))
+    if bias is not None:
+        s = s + bias.to(torch.float64)
+    ok = allowed.expand(s.shape) & (s > -torch.inf)
+    s = torch.where(ok, s, torch.full_like(s, -torch.inf))
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.where(ok, torch.exp(s - m), torch.zeros_like(s))
+    denom = e.sum(-1, keepdim=True)
+    p = e / torch.where(denom > 0, denom, torch.ones_like(denom))
+    return s, ok, m, e, denom, p
+
+
 def error_model(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -253,16 +272,7 @@ def error_model(
     v = _expand_kv(value.detach().to(f64), hq)
     nq, nk, d = q.shape[2], k.shape[2], q.shape[3]
 
-    s = scale * (q @ k.transpose(-1, -2))
-    if bias is not None:
-        s = s + bias.to(f64)
-    ok = allowed.expand(s.shape) & (s > -torch.inf)
-    s = torch.where(ok, s, torch.full_like(s, -torch.inf))
-    m = s.amax(-1, keepdim=True)
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    e = torch.where(ok, torch.exp(s - m), torch.zeros_like(s))
-    denom = e.sum(-1, keepdim=True)
-    p = e / torch.where(denom > 0, denom, torch.ones_like(denom))
+    s, ok, m, e, denom, p = _exact_softmax(q, k, allowed, bias, scale)
     lse = torch.where(denom > 0, m + torch.log(denom), torch.full_like(denom, -torch.inf))
     o = p @ v
     av, ak, aq = v.abs(), k.abs(), q.abs()
@@ -530,7 +540,9 @@ def ftz_allowance(allowed: torch.Tensor, bias: torch.Tensor | None, shape: tuple
     live terms. The product itself need not underflow (bf16 dO = tiny, scale 3.6: dk 0
     where the exact value is 1.4e-37, 12 smallest normals, each dS_ij flushed; the member's
     own flushing kept dS just above the threshold there). fp16's smallest normal is 6.1e-5:
-    its flushed operands are the ``ftz`` member's to explain, never this bound's."""
+    its flushed backward operands are the ``ftz`` member's to explain, never this bound's.
+    With ``operands``, whatever the dtype, the forward's flushed P and what they move in the
+    backward through D_i = rowsum(dO·O) (:func:`_forward_flush`)."""
     b, hq, nq, nk = shape
     live = allowed if bias is None else allowed & (bias > -math.inf)
     live = live.expand(b, hq, nq, nk)
@@ -570,7 +582,48 @@ def ftz_allowance(allowed: torch.Tensor, bias: torch.Tensor | None, shape: tuple
             allow["dq"] = allow["dq"] + scale * (d_p @ k + d_d * kmax)
             allow["dk"] = allow["dk"] + _group_sum(
                 scale * ((d_p + d_d * w).transpose(-1, -2) @ aq), hkv)
+    if operands is not None:
+        for name, extra in _forward_flush(allowed, bias, hkv, tiny_in, operands).items():
+            allow[name] = allow[name] + extra
     return allow
+
+
+# A kernel flushing the forward's unnormalised p_ij = exp(s_ij − m) as it converts it to the
+# input dtype for P@V drops the terms below that dtype's smallest normal. Which ones depends
+# on the tile order: m is the running max when key tile j is processed, so a tile seen
+# before the row's largest score keeps its terms (the flush_to_zero control, 16-key tiles:
+# the keys before a dominant one kept, those after it dropped; the ftz member, one 128-key
+# tile: all dropped). As the running max is at most the row's max m_i, a dropped term has
+# e_ij = exp(s_ij − m_i) below the threshold too: the kernel drops some subset S_i of
+# F_i = {j : e_ij < 2·tiny} (2: a kernel's p within a factor 2 of the exact one near the
+# threshold). With the row sum l taken from the fp32 p before the conversion (FlashAttention-2
+# CUDA, Triton kernels), O_i moves by −Σ_S P_ij V_j and D_i = dO_i·O_i by −Σ_S P_ij dP_ij: at
+# most the larger of the positive and the negative parts of those sums over F_i. The backward
+# recomputes P from the lse, so every dS_ij = P_ij (dP_ij − D_i) moves by −P_ij ΔD_i: dq_i by
+# exactly −scale·ΔD_i·(P@K)_i, dk_j by at most scale·Σ_i P_ij |ΔD_i| |Q_i|. Negligible where
+# the threshold is fp32's (e_ij < 2.4e-38); on fp16 a row of n keys can lose up to n·6.1e-5 of
+# its mass (fp16, 59 causal keys, one of norm 607: dq 0 where the exact value is 0.0194 and
+# the ftz member's error is 0.0019; this bound 0.0278).
+def _forward_flush(allowed: torch.Tensor, bias: torch.Tensor | None, hkv: int, tiny: float,
+                   operands: tuple) -> dict[str, torch.Tensor]:
+    """The forward flush's share of :func:`ftz_allowance` (above): out, and with dO, dq
+    and dk."""
+    q, k, v, do, scale = operands
+    f64 = torch.float64
+    hq = q.shape[1]
+    q = q.to(f64)
+    k, v = (_expand_kv(t.to(f64), hq) for t in (k, v))
+    _, ok, _, e, _, p = _exact_softmax(q, k, allowed, bias, scale)
+    pf = torch.where(ok & (e < 2 * tiny), p, torch.zeros_like(p))
+    # The worst subset of F_i: all of a sum's positive terms, or all of its negative ones.
+    extra = {"out": torch.maximum(pf @ v.clamp(min=0), pf @ (-v).clamp(min=0))}
+    if do is not None:
+        x = pf * (do.to(f64) @ v.transpose(-1, -2))
+        d_delta = torch.maximum(x.clamp(min=0).sum(-1, keepdim=True),
+                                (-x).clamp(min=0).sum(-1, keepdim=True))
+        extra["dq"] = scale * d_delta * (p @ k).abs()
+        extra["dk"] = _group_sum(scale * ((p * d_delta).transpose(-1, -2) @ q.abs()), hkv)
+    return extra
 
 
 def tolerance(
