@@ -24,9 +24,10 @@ long the seed needs) plus the rest of the budget; a time box is checked between 
 and a shrink is never cut short, so it can end later by about one shrink.
 
 Repeatability: every campaign starts from an empty example database
-(``DIR/<kernel>/hypothesis-db`` is removed first) and a seed derived from ``--seed``, so the
-kill table's examples are the same on every machine; the controls' example counts depend
-on speed.
+(``DIR/<kernel>/hypothesis-db`` is removed first) and a seed derived from ``--seed``, and
+the score the search climbs is the ratio on a 3-digit grid (``verify.fuzz.target_score``),
+so the kill table's examples, and with ``--control-examples`` the controls', are the same on
+every machine; time-boxed controls' example counts depend on speed.
 
 Output: the two tables on stdout, ``DIR/mutants.json`` and ``DIR/mutants.md``, each kernel's
 campaign log and case files under ``DIR/<kernel>/`` (emptied at the start of a run); with
