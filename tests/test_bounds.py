@@ -565,6 +565,11 @@ def test_forward_flush_depends_on_tile_order_and_is_allowed():
     v = check_case(spec, case, "cpu")
     assert v.status == "pass", v.summary()
     assert check_case(spec, case, "cpu", strict_subnormals=True).status == "fail"
+    # The allowance is a bound, not an excuse: 2.5x this correct flushing kernel's error fails.
+    from flashcheck.verify.controls.flush_to_zero import attention as ftz
+
+    bad = check_case(amplified(ftz, 2.5), case, "cpu")
+    assert (bad.status, bad.failure) == ("fail", "numerical") and not bad.tensors["dq"].passed
 
 
 @pytest.mark.parametrize("seed", range(6))
