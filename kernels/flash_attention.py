@@ -234,6 +234,20 @@ def _kv_tiles(k_base, v_base, offs_d, offs_n, start_n, stride_kn, stride_kd, str
 
 
 @triton.jit
+def _q_rows(q_base, offs_m, offs_d, stride_qm, stride_qd, N_CTX_Q, HEAD_DIM,
+            CHECK_M: tl.constexpr, PAD_D: tl.constexpr, ROWS: tl.constexpr,
+            BLOCK_D: tl.constexpr):
+    """The forward's query tile of rows ``offs_m`` and its row state (m = -inf, l = 0,
+    acc = 0)."""
+    q = _load_2d(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                 offs_m, offs_d, N_CTX_Q, HEAD_DIM, CHECK_M, PAD_D)
+    m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+    return q, m_i, l_i, acc
+
+
+@triton.jit
 def _fwd_inner(acc, l_i, m_i, cnt, q, k_base, v_base, m_base, offs_m, start, end,
                stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
                N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
@@ -409,16 +423,10 @@ def _fwd_kernel_impl(Q, K, V, M, O, LSE, STATS, DESC_K, DESC_V,
         HALF: tl.constexpr = BLOCK_M // 2
         offs_a = start_m + tl.arange(0, HALF)
         offs_b = offs_a + HALF
-        q_a = _load_2d(q_base + offs_a[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                       offs_a, offs_d, N_CTX_Q, HEAD_DIM, not EVEN_M, PAD_D)
-        q_b = _load_2d(q_base + offs_b[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                       offs_b, offs_d, N_CTX_Q, HEAD_DIM, not EVEN_M, PAD_D)
-        m_a = tl.full([HALF], float("-inf"), dtype=tl.float32)
-        l_a = tl.zeros([HALF], dtype=tl.float32)
-        acc_a = tl.zeros([HALF, BLOCK_D], dtype=tl.float32)
-        m_b = tl.full([HALF], float("-inf"), dtype=tl.float32)
-        l_b = tl.zeros([HALF], dtype=tl.float32)
-        acc_b = tl.zeros([HALF, BLOCK_D], dtype=tl.float32)
+        q_a, m_a, l_a, acc_a = _q_rows(q_base, offs_a, offs_d, stride_qm, stride_qd, N_CTX_Q,
+                                       HEAD_DIM, not EVEN_M, PAD_D, HALF, BLOCK_D)
+        q_b, m_b, l_b, acc_b = _q_rows(q_base, offs_b, offs_d, stride_qm, stride_qd, N_CTX_Q,
+                                       HEAD_DIM, not EVEN_M, PAD_D, HALF, BLOCK_D)
         if BAND:
             acc_a, l_a, m_a, acc_b, l_b, m_b, n_edge = _fwd_inner_split(
                 acc_a, l_a, m_a, acc_b, l_b, m_b, n_edge, q_a, q_b, k_base, v_base, m_base,
@@ -448,11 +456,8 @@ def _fwd_kernel_impl(Q, K, V, M, O, LSE, STATS, DESC_K, DESC_V,
                    N_CTX_Q, HEAD_DIM, EVEN_M, PAD_D)
     else:
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        q = _load_2d(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                     offs_m, offs_d, N_CTX_Q, HEAD_DIM, not EVEN_M, PAD_D)
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        q, m_i, l_i, acc = _q_rows(q_base, offs_m, offs_d, stride_qm, stride_qd, N_CTX_Q,
+                                   HEAD_DIM, not EVEN_M, PAD_D, BLOCK_M, BLOCK_D)
         if BAND:
             acc, l_i, m_i, n_edge = _fwd_inner(
                 acc, l_i, m_i, n_edge, q, k_base, v_base, m_base, offs_m, lo, full_lo,

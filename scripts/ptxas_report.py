@@ -1,0 +1,254 @@
+"""Registers, spills and shared memory of our kernels on sm_90a, compiled without a GPU.
+
+    python3 scripts/ptxas_report.py --out docs/benchmarks/ptxas_sm90.json [--sweep]
+        [--d 128] [--dtype bfloat16] [--ptx-dir DIR]
+
+Triton lowers a kernel to PTX for any target on any machine; the PTX assembler that ships
+with Triton's NVIDIA backend (``ptxas -v``) then reports each kernel's registers per thread
+and the bytes it spills to local memory. This runs the package's own launchers
+(``_forward``, ``_backward``) on CPU tensors of the benchmark shape (B=16, H=16, N=4096)
+with a stand-in driver that reports an sm_90 device, and compiles each launch instead of
+running it: the kernels, constexprs, tile sizes, warps and stages are exactly those a
+launch on the H200 gets (the heuristic table's points and ``SCHEDULE_TABLE``'s flags), or,
+with ``--sweep``, every variant of ``scripts/gpu/sweep_hopper.py``.
+
+What it is for: spills and register counts are the first thing to read about a variant
+before spending GPU time on it (the dK/dV kernel's 255 registers and spills in the ncu
+profile, docs/benchmarks/profile_h200.md, show here too); and the PTX hashes tell whether a
+change to the kernels' source changes the compiled code at all (a refactor that leaves
+every hash equal needs no re-timing). Static numbers, not speed: Triton's version decides
+the code (the H200 runs triton 3.6; run this under the same version for figures that
+match it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import importlib.util
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+_ROOT = Path(__file__).resolve().parent.parent
+H200_SMEM = 232448  # the H200's opt-in shared memory per block (bytes)
+SHAPE = dict(B=16, H=16, N=4096)  # the benchmark shape (kernels.bench, sweep_hopper)
+
+
+def _sweep_module():
+    spec = importlib.util.spec_from_file_location("sweep_hopper",
+                                                  _ROOT / "scripts/gpu/sweep_hopper.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _ptxas() -> str:
+    """The ptxas Triton's NVIDIA backend assembles sm_90 code with."""
+    from triton.backends.nvidia import compiler
+    return compiler.get_ptxas(90).path
+
+
+def code_of(ptx: str) -> str:
+    """The PTX without its source positions: ``.loc``/``.file`` directives, the labels that
+    only mark inlined scopes for them (``$L__tmpN``), the DWARF sections and comments. Moving
+    code between lines or helper functions changes those and nothing else."""
+    body = ptx.split("\t.section\t.debug", 1)[0]
+    keep = []
+    for line in body.splitlines():
+        t = line.split("//", 1)[0].rstrip()
+        if not t.strip() or t.lstrip().startswith((".loc", ".file")) or re.fullmatch(
+                r"\$L__tmp\d+:", t.strip()):
+            continue
+        keep.append(t)
+    return "\n".join(keep)
+
+
+class _Compiler:
+    """Stands in for the GPU: an sm_90 driver, and a compile step that records each kernel
+    (registers, spills, shared memory, the hash of its PTX without source positions) and
+    launches nothing."""
+
+    def __init__(self, ptx_dir: Path | None):
+        from triton.backends.compiler import GPUTarget
+        self.target = GPUTarget("cuda", 90, 128)
+        self.ptx_dir = ptx_dir
+        self.records: list[dict] = []
+        self.tag = ""
+        self._seen: dict = {}
+
+    def install(self) -> None:
+        from triton.runtime import driver
+        from triton.runtime.jit import JITFunction
+
+        target = self.target
+
+        class _Driver:
+            def get_current_target(self):
+                return target
+
+            def get_current_device(self):
+                return 0
+
+            def get_current_stream(self, device=None):
+                return 0
+
+            def get_active_torch_device(self):
+                return torch.device("cpu")
+
+        driver.set_active(_Driver())
+        me = self
+
+        def _do_compile(jit, key, signature, device, constexprs, options, attrs, warmup):
+            me.compile(jit, key, signature, constexprs, options, attrs)
+            return None  # nothing to launch
+
+        JITFunction._do_compile = _do_compile
+
+    def compile(self, jit, key, signature, constexprs, options, attrs) -> None:
+        name = jit.fn.__name__
+        memo = (name, str(key))
+        if memo not in self._seen:
+            from triton import knobs
+            src = jit.ASTSource(jit, signature, constexprs, attrs)
+            # Triton's own ptxas call (its options, its ptxas) prints its -v log here.
+            # always_compile: a cached kernel would not run ptxas at all.
+            buf = io.StringIO()
+            knobs.nvidia.dump_ptxas_log = True
+            knobs.compilation.always_compile = True
+            with contextlib.redirect_stdout(buf):
+                k = jit.compile(src, target=self.target, options=options.__dict__)
+            log = buf.getvalue()
+            ptx = k.asm["ptx"]
+            digest = hashlib.sha256(code_of(ptx).encode()).hexdigest()[:16]
+            if self.ptx_dir is not None:
+                self.ptx_dir.mkdir(parents=True, exist_ok=True)
+                (self.ptx_dir / f"{name}-{digest}.ptx").write_text(ptx)
+            regs = re.search(r"Used (\d+) registers", log)
+            spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+            if regs is None:
+                raise RuntimeError(f"{name}: no ptxas -v log from Triton's compile "
+                                   f"(knobs.nvidia.dump_ptxas_log); got {log[:200]!r}")
+            consts = {str(p[0] if isinstance(p, tuple) and len(p) == 1 else p): v
+                      for p, v in constexprs.items() if isinstance(v, (bool, int, str))}
+            names = [a.name for a in jit.params]
+            named = {}
+            for p, v in consts.items():
+                idx = p.strip("(),")
+                if idx.isdigit() and int(idx) < len(names):
+                    named[names[int(idx)]] = v
+            self._seen[memo] = dict(
+                kernel=name, warps=options.num_warps, stages=options.num_stages,
+                registers=int(regs.group(1)) if regs else None,
+                spill_store_bytes=int(spill.group(1)) if spill else None,
+                spill_load_bytes=int(spill.group(2)) if spill else None,
+                shared_bytes=k.metadata.shared, ptx_sha256=digest,
+                constexprs={n: named[n] for n in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "TMA",
+                                                   "WS", "REVERSE", "BAND", "ATOMIC_DQ")
+                            if n in named})
+        self.records.append(dict(self._seen[memo], launch=self.tag))
+
+
+def _patch_for_h200() -> None:
+    """The launch points and flags an sm_90 device gets, on CPU tensors."""
+    from flashcheck.kernels import _common
+    _common.launch_point = lambda kind, bd, elem, causal, device: _common.fixed_point(
+        kind, bd, elem, causal, H200_SMEM)
+    _common.use_tma = lambda kind, device, elem, bd: bool(
+        _common.schedule(kind, elem, bd)["tma"])
+
+
+def _problem(D: int, dtype: torch.dtype, causal: bool):
+    from flashcheck.kernels import _common
+    shape = (SHAPE["B"], SHAPE["H"], SHAPE["N"], D)
+    q, k, v, do = (torch.empty(shape, dtype=dtype) for _ in range(4))
+    # validate() refuses CPU tensors without the interpreter and bf16 on the CPU; the
+    # Problem it returns holds no dtype, so fp16 stand-ins give the same one.
+    was, _common.INTERPRET = _common.INTERPRET, True
+    try:
+        h = torch.float16
+        p = _common.validate(q.to(h), k.to(h), v.to(h), None, 0.0, causal, None, False, None,
+                             "top_left")
+    finally:
+        _common.INTERPRET = was
+    return q, k, v, do, p
+
+
+def run(*, D: int, dtype: torch.dtype, sweep: bool, ptx_dir: Path | None) -> dict:
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise SystemExit("ptxas_report: unset TRITON_INTERPRET (this compiles for sm_90a)")
+    comp = _Compiler(ptx_dir)
+    comp.install()
+    _patch_for_h200()
+    from flashcheck.kernels import flash_attention as fa
+
+    sw = _sweep_module()
+    todo = [None] + (sw.variants() if sweep else [])
+    for var in todo:
+        for causal in (False, True):
+            if var is not None and var["causal"] != causal:
+                continue
+            q, k, v, do, p = _problem(D, dtype, causal)
+            comp.tag = ("table" if var is None else
+                        f"{var['kind']} {tuple(var['point'])} tma={var['tma']} ws={var['ws']}"
+                        f"{' atomic' if var.get('atomic') else ''}") + f" causal={causal}"
+            # The table's launch as it is; a sweep variant forced as the sweep forces it.
+            try:
+                with contextlib.nullcontext() if var is None else sw._forced(var):
+                    out, lse = fa._forward(q, k, v, p, False)
+                    fa._backward(do, q, k, v, out, lse, p, not (var or {}).get("atomic"),
+                                 False)
+            except Exception as e:  # noqa: BLE001 - recorded (the sweep's compile failures)
+                if var is None:
+                    raise
+                comp.records.append(dict(launch=comp.tag, error=f"{type(e).__name__}: "
+                                                               f"{str(e)[:200]}"))
+    import triton
+    ver = subprocess.run([_ptxas(), "--version"], capture_output=True, text=True).stdout
+    return dict(
+        command="python3 scripts/ptxas_report.py " + " ".join(sys.argv[1:]),
+        triton=triton.__version__, torch=torch.__version__,
+        ptxas=(re.findall(r"release [\d.]+, V[\d.]+", ver) or [ver.strip()])[0],
+        target="sm_90a", shape=dict(SHAPE, D=D), dtype=str(dtype).replace("torch.", ""),
+        kernels=comp.records)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True, help="JSON report")
+    ap.add_argument("--d", type=int, default=128, help="head dim (default 128)")
+    ap.add_argument("--dtype", default="bfloat16", choices=("float16", "bfloat16", "float32"))
+    ap.add_argument("--sweep", action="store_true",
+                    help="also every variant of scripts/gpu/sweep_hopper.py")
+    ap.add_argument("--ptx-dir", type=Path, default=None,
+                    help="keep each kernel's PTX here (named by its hash)")
+    args = ap.parse_args(argv)
+    if not 1 <= args.d <= 256:
+        ap.error(f"--d must be in 1..256, got {args.d}")
+    rep = run(D=args.d, dtype=getattr(torch, args.dtype), sweep=args.sweep,
+              ptx_dir=args.ptx_dir)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(rep, indent=1) + "\n")
+    for r in rep["kernels"]:
+        if "error" in r:
+            print(f"{r['launch']:<48} does not compile: {r['error'][:60]}")
+            continue
+        if r["kernel"] == "_bwd_preprocess":
+            continue
+        c = r["constexprs"]
+        print(f"{r['launch']:<48} {r['kernel']:<22} M{c.get('BLOCK_M')} N{c.get('BLOCK_N')} "
+              f"w{r['warps']} s{r['stages']} TMA={int(bool(c.get('TMA')))} "
+              f"WS={int(bool(c.get('WS')))}: {r['registers']} regs, spill "
+              f"{r['spill_store_bytes']}/{r['spill_load_bytes']} B, smem {r['shared_bytes']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
