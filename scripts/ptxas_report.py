@@ -16,7 +16,8 @@ What it is for: spills and register counts are the first thing to read about a v
 before spending GPU time on it (the dK/dV kernel's 255 registers and spills in the ncu
 profile, docs/benchmarks/profile_h200.md, show here too); and the PTX hashes tell whether a
 change to the kernels' source changes the compiled code at all (a refactor that leaves
-every hash equal needs no re-timing). Static numbers, not speed: Triton's version decides
+every hash equal needs no re-timing: ``--against`` an earlier report lists the launches
+whose code differs and exits 1 if any does). Static numbers, not speed: Triton's version decides
 the code (the H200 runs triton 3.6; run this under the same version for figures that
 match it).
 """
@@ -235,7 +236,16 @@ def main(argv=None) -> int:
                     help="also every variant of scripts/gpu/sweep_hopper.py")
     ap.add_argument("--ptx-dir", type=Path, default=None,
                     help="keep each kernel's PTX here (named by its hash)")
+    ap.add_argument("--against", type=Path, default=None, metavar="REPORT",
+                    help="an earlier report of the same options: list the launches whose "
+                         "code differs; exit 1 if any does (a refactor's check)")
     args = ap.parse_args(argv)
+    before = None
+    if args.against is not None:
+        try:
+            before = json.loads(args.against.read_text())
+        except (OSError, ValueError) as e:
+            ap.error(f"--against: cannot read a report from {args.against}: {e}")
     if not 1 <= args.d <= 256:
         ap.error(f"--d must be in 1..256, got {args.d}")
     rep = run(D=args.d, dtype=getattr(torch, args.dtype), sweep=args.sweep,
@@ -256,7 +266,30 @@ def main(argv=None) -> int:
               f"w{r['warps']} s{r['stages']} TMA={int(bool(c.get('TMA')))} "
               f"WS={int(bool(c.get('WS')))}: {r['registers']} regs, spill "
               f"{r['spill_store_bytes']}/{r['spill_load_bytes']} B, smem {r['shared_bytes']}")
+    if before is not None:
+        changed = differences(before, rep)
+        for line in changed:
+            print(f"differs: {line}")
+        print(f"against {args.against}: {len(rep['kernels'])} kernels, "
+              f"{len(changed)} with other code")
+        return 1 if changed else 0
     return 0
+
+
+def differences(before: dict, after: dict) -> list[str]:
+    """Launches whose compiled code (or compile error) differs between two reports of the
+    same options, or that only one of them has."""
+    opts = ("triton", "target", "shape", "dtype")
+    if any(before.get(k) != after.get(k) for k in opts):
+        return [f"the reports differ in {[k for k in opts if before.get(k) != after.get(k)]}"]
+
+    def keyed(rep):
+        return {(r["launch"], r.get("kernel", "")): r.get("ptx_sha256", r.get("error"))
+                for r in rep["kernels"]}
+
+    b, a = keyed(before), keyed(after)
+    return [f"{launch} {kernel}".strip() for (launch, kernel) in sorted(set(a) | set(b))
+            if a.get((launch, kernel)) != b.get((launch, kernel))]
 
 
 if __name__ == "__main__":

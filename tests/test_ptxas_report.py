@@ -52,8 +52,29 @@ def test_table_launches_compile_for_sm90_with_registers_and_spills(tmp_path):
         assert 1 <= r["registers"] <= 255 and r["spill_store_bytes"] >= 0, r
         assert r["shared_bytes"] >= 0 and len(r["ptx_sha256"]) == 16
         assert r["constexprs"]["BLOCK_D"] == 64
+    # The same source compiles to the same code: the refactor check passes.
+    again = _run("--out", str(tmp_path / "r2.json"), "--d", "64", "--against", str(out))
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert f"{len(rep['kernels'])} kernels, 0 with other code" in again.stdout
+
+
+def test_differences_names_each_launch_whose_code_changed():
+    differences = _module().differences
+    rec = dict(launch="table causal=False", kernel="_fwd_kernel_impl", ptx_sha256="a" * 16)
+    head = dict(triton="3.6.0", target="sm_90a", shape={"D": 64}, dtype="bfloat16")
+    before = dict(head, kernels=[rec, dict(rec, kernel="_bwd_dq_kernel_impl")])
+    assert differences(before, before) == []
+    after = dict(head, kernels=[dict(rec, ptx_sha256="b" * 16)])
+    assert differences(before, after) == ["table causal=False _bwd_dq_kernel_impl",
+                                          "table causal=False _fwd_kernel_impl"]
+    assert "triton" in differences(before, dict(before, triton="3.9.0"))[0]
 
 
 def test_bad_head_dim_is_a_usage_error(tmp_path):
     res = _run("--out", str(tmp_path / "r.json"), "--d", "512")
     assert res.returncode == 2 and "--d must be in 1..256" in res.stderr
+
+
+def test_unreadable_against_report_is_a_usage_error(tmp_path):
+    res = _run("--out", str(tmp_path / "r.json"), "--against", str(tmp_path / "missing.json"))
+    assert res.returncode == 2 and "--against: cannot read a report" in res.stderr
