@@ -41,6 +41,7 @@ import torch
 _ROOT = Path(__file__).resolve().parent.parent
 H200_SMEM = 232448  # the H200's opt-in shared memory per block (bytes)
 SHAPE = dict(B=16, H=16, N=4096)  # the benchmark shape (kernels.bench, sweep_hopper)
+SHOWN = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "TMA", "WS", "REVERSE", "BAND", "ATOMIC_DQ")
 KERNELS = {"fwd": "_fwd_kernel_impl", "dkdv": "_bwd_dkdv_kernel_impl",
            "dq": "_bwd_dq_kernel_impl"}
 
@@ -89,6 +90,7 @@ class _Compiler:
         self._seen: dict = {}
 
     def install(self) -> None:
+        from triton import knobs
         from triton.runtime import driver
         from triton.runtime.jit import JITFunction
 
@@ -108,6 +110,9 @@ class _Compiler:
                 return torch.device("cpu")
 
         driver.set_active(_Driver())
+        # ptxas's -v log on stdout; always_compile: a cached kernel would not run ptxas.
+        knobs.nvidia.dump_ptxas_log = True
+        knobs.compilation.always_compile = True
         me = self
 
         def _do_compile(jit, key, signature, device, constexprs, options, attrs, warmup):
@@ -122,13 +127,9 @@ class _Compiler:
             return  # a sweep variant's other kernels: the table's, reported once
         memo = (name, str(key))
         if memo not in self._seen:
-            from triton import knobs
             src = jit.ASTSource(jit, signature, constexprs, attrs)
             # Triton's own ptxas call (its options, its ptxas) prints its -v log here.
-            # always_compile: a cached kernel would not run ptxas at all.
             buf = io.StringIO()
-            knobs.nvidia.dump_ptxas_log = True
-            knobs.compilation.always_compile = True
             with contextlib.redirect_stdout(buf):
                 k = jit.compile(src, target=self.target, options=options.__dict__)
             log = buf.getvalue()
@@ -142,23 +143,16 @@ class _Compiler:
             if regs is None:
                 raise RuntimeError(f"{name}: no ptxas -v log from Triton's compile "
                                    f"(knobs.nvidia.dump_ptxas_log); got {log[:200]!r}")
-            consts = {str(p[0] if isinstance(p, tuple) and len(p) == 1 else p): v
-                      for p, v in constexprs.items() if isinstance(v, (bool, int, str))}
-            names = [a.name for a in jit.params]
-            named = {}
-            for p, v in consts.items():
-                idx = p.strip("(),")
-                if idx.isdigit() and int(idx) < len(names):
-                    named[names[int(idx)]] = v
+            # constexprs is keyed by argument path: (i,) for the kernel's i-th parameter.
+            named = {jit.params[path[0]].name: v for path, v in constexprs.items()
+                     if len(path) == 1 and isinstance(v, (bool, int))}
             self._seen[memo] = dict(
                 kernel=name, warps=options.num_warps, stages=options.num_stages,
-                registers=int(regs.group(1)) if regs else None,
+                registers=int(regs.group(1)),
                 spill_store_bytes=int(spill.group(1)) if spill else None,
                 spill_load_bytes=int(spill.group(2)) if spill else None,
                 shared_bytes=k.metadata.shared, ptx_sha256=digest,
-                constexprs={n: named[n] for n in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "TMA",
-                                                   "WS", "REVERSE", "BAND", "ATOMIC_DQ")
-                            if n in named})
+                constexprs={n: named[n] for n in SHOWN if n in named})
         self.records.append(dict(self._seen[memo], launch=self.tag))
 
 
