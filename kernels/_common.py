@@ -301,32 +301,36 @@ TMA_MODES = ("auto", "on", "off")
 # Schedule flags, first row matching (kind, element size, BLOCK_D <= max_block_d): tma, read
 # the streamed tiles through tensor descriptors; ws, warp-specialise the tile loop (with TMA
 # only); reverse, launch the last tile first under a causal-like band (the forward's and dQ's
-# last query tiles see the most keys). From the H200 sweep (docs/benchmarks/sweep.md, bf16,
-# D = 128, N = 4096): descriptors gain 2-5 % on the dK/dV and dQ kernels (the dQ kernel a
-# little more with warp specialisation) and lose up to 11 % on the forward's 256-row tile;
-# other head dims were not swept and keep the pointer path.
+# last query tiles see the most keys); rows, the dK/dV loop reads each query tile's lse and
+# delta through 2-D descriptors too (with TMA only) instead of per-thread loads. From the
+# H200 sweep (docs/benchmarks/sweep.md, bf16, D = 128, N = 4096): descriptors gain 2-5 % on
+# the dK/dV and dQ kernels (the dQ kernel a little more with warp specialisation) and lose up
+# to 11 % on the forward's 256-row tile; the dK/dV kernel's lse and delta through
+# descriptors take another 5 % off the whole backward (14.93 -> 14.09 ms, causal 8.93 ->
+# 8.52: no per-thread copies, no wait and barrier for them in the tile loop); other head
+# dims were not swept and keep the pointer path.
 SCHEDULE_TABLE = (
-    # kind    elem max_block_d tma    ws     reverse
-    ("fwd",   2,   256,        False, False, True),
-    ("dkdv",  2,   64,         False, False, False),
-    ("dkdv",  2,   128,        True,  False, False),
-    ("dkdv",  2,   256,        False, False, False),
-    ("dq",    2,   64,         False, False, True),
-    ("dq",    2,   128,        True,  True,  True),
-    ("dq",    2,   256,        False, False, True),
-    ("fwd",   4,   256,        False, False, True),
-    ("dkdv",  4,   256,        False, False, False),
-    ("dq",    4,   256,        False, False, True),
+    # kind    elem max_block_d tma    ws     reverse rows
+    ("fwd",   2,   256,        False, False, True,   False),
+    ("dkdv",  2,   64,         False, False, False,  False),
+    ("dkdv",  2,   128,        True,  False, False,  True),
+    ("dkdv",  2,   256,        False, False, False,  False),
+    ("dq",    2,   64,         False, False, True,   False),
+    ("dq",    2,   128,        True,  True,  True,   False),
+    ("dq",    2,   256,        False, False, True,   False),
+    ("fwd",   4,   256,        False, False, True,   False),
+    ("dkdv",  4,   256,        False, False, False,  False),
+    ("dq",    4,   256,        False, False, True,   False),
 )
 _tma_mode = [os.environ.get("FLASHCHECK_TMA", "auto")]
 
 
 def schedule(kind: str, elem: int, block_d: int) -> dict:
-    """The :data:`SCHEDULE_TABLE` flags of a launch: ``{"tma", "ws", "reverse"}``."""
+    """The :data:`SCHEDULE_TABLE` flags of a launch: ``{"tma", "ws", "reverse", "rows"}``."""
     _check_kind(kind, block_d, elem)
-    for k, e, max_bd, tma_, ws, reverse in SCHEDULE_TABLE:
+    for k, e, max_bd, tma_, ws, reverse, rows in SCHEDULE_TABLE:
         if k == kind and e == elem and block_d <= max_bd:
-            return dict(tma=tma_, ws=ws, reverse=reverse)
+            return dict(tma=tma_, ws=ws, reverse=reverse, rows=rows)
     raise LookupError(f"no schedule for kind={kind}, block_d={block_d}, elem={elem}")
 
 
@@ -360,6 +364,16 @@ def use_tma(kind: str, device: torch.device, elem: int, block_d: int) -> bool:
     return (not INTERPRET and device.type == "cuda"
             and torch.cuda.get_device_capability(device)[0] >= 9
             and schedule(kind, elem, block_d)["tma"])
+
+
+def use_row_tma(kind: str, device: torch.device, elem: int, block_d: int) -> bool:
+    """Whether a launch that reads its tiles through descriptors (:func:`use_tma`) reads
+    the per-row lse and delta through descriptors too: the dK/dV kernel only; "on" always,
+    "auto" where the :data:`SCHEDULE_TABLE` row says so (the layout is checked by the
+    launcher)."""
+    if kind != "dkdv" or not use_tma(kind, device, elem, block_d):
+        return False
+    return _tma_mode[0] == "on" or schedule(kind, elem, block_d)["rows"]
 
 
 def set_tuning(mode: str) -> None:

@@ -354,23 +354,26 @@ def _no_spec(fn):
                                                       if n.startswith("stride_")])(fn)
 
 
-def _tma_pre_hook(names: tuple[str, ...], inner: str):
-    """An autotune ``pre_hook`` giving the descriptors the block shape of the config."""
+def _tma_pre_hook(names: tuple[str, ...], inner: str, rows: tuple[str, ...] = ()):
+    """An autotune ``pre_hook`` giving the descriptors the block shape of the config:
+    operand tiles [1, 1, inner, BLOCK_D], row statistics [1, inner]."""
 
     def hook(nargs):
-        for name in names:
+        for name in names + rows:
             d = nargs[name]
             if isinstance(d, TensorDescriptor):
-                d.block_shape = [1, 1, nargs[inner], nargs["BLOCK_D"]]
+                d.block_shape = ([1, nargs[inner]] if name in rows
+                                 else [1, 1, nargs[inner], nargs["BLOCK_D"]])
 
     return hook
 
 
-def _tuned(fixed, kind: str, outer: str, inner: str, descs: tuple[str, ...], **extra):
+def _tuned(fixed, kind: str, outer: str, inner: str, descs: tuple[str, ...],
+           rows: tuple[str, ...] = (), **extra):
     """The autotune launch path over the same jit function as ``fixed``."""
     key = _KEY + (["ATOMIC_DQ"] if kind == "dkdv" else [])
     return triton.autotune(configs=make_configs(kind, outer, inner,
-                                                _tma_pre_hook(descs, inner)), key=key,
+                                                _tma_pre_hook(descs, inner, rows)), key=key,
                            prune_configs_by={"early_config_prune":
                                              make_pruner(kind, outer, inner, "Q")},
                            cache_results=_common.AUTOTUNE_CACHE, **extra)(fixed)
@@ -527,6 +530,17 @@ def _row_stats(lse_base, delta_base, offs_m, N_CTX_Q, CHECK: tl.constexpr):
 
 
 @triton.jit
+def _row_stats_desc(desc_lse, desc_delta, off_bh, start_m, BLOCK_M: tl.constexpr):
+    """``_row_stats`` of query tile ``start_m`` read through 2-D descriptors over the
+    (B x H, Nq) row statistics: one bulk copy each, rows past Nq read as 0 (as the masked
+    loads' ``other``)."""
+    lse = tl.reshape(desc_lse.load([off_bh, start_m]), [BLOCK_M])
+    delta = tl.reshape(desc_delta.load([off_bh, start_m]), [BLOCK_M])
+    lse = tl.where(lse == float("-inf"), float("inf"), lse)
+    return lse, delta
+
+
+@triton.jit
 def _dkdv_inner(dk, dv, cnt, k, v, q_base, do_base, m_base, lse_base, delta_base, dq_base,
                 offs_n, start, end,
                 stride_qm, stride_qd, stride_dom, stride_dod, stride_mm, stride_mn,
@@ -535,7 +549,8 @@ def _dkdv_inner(dk, dv, cnt, k, v, q_base, do_base, m_base, lse_base, delta_base
                 MASKED: tl.constexpr, BAND: tl.constexpr,
                 MASK_KIND: tl.constexpr, PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
-                desc_q, desc_do, off_z, off_h, TMA: tl.constexpr, WS: tl.constexpr):
+                desc_q, desc_do, desc_lse, desc_delta, off_z, off_h, off_bh,
+                TMA: tl.constexpr, WS: tl.constexpr, ROWS: tl.constexpr):
     offs_d = tl.arange(0, BLOCK_D)
     for start_m in tl.range(start, end, BLOCK_M, warp_specialize=WS):
         start_m = tl.multiple_of(start_m, BLOCK_M)
@@ -545,7 +560,10 @@ def _dkdv_inner(dk, dv, cnt, k, v, q_base, do_base, m_base, lse_base, delta_base
         else:
             qT = _load_2d(q_base + offs_d[:, None] * stride_qd + offs_m[None, :] * stride_qm,
                           offs_d, offs_m, HEAD_DIM, N_CTX_Q, PAD_D, MASKED)
-        lse, delta = _row_stats(lse_base, delta_base, offs_m, N_CTX_Q, MASKED)
+        if ROWS:
+            lse, delta = _row_stats_desc(desc_lse, desc_delta, off_bh, start_m, BLOCK_M)
+        else:
+            lse, delta = _row_stats(lse_base, delta_base, offs_m, N_CTX_Q, MASKED)
         qkT = tl.dot(k, qT, input_precision=PRECISION)
         if MASKED or MASK_KIND != 0:
             sT = _scores(qkT, m_base, offs_m, offs_n, stride_mm, stride_mn, N_CTX_Q, N_CTX_K,
@@ -572,6 +590,7 @@ def _dkdv_inner(dk, dv, cnt, k, v, q_base, do_base, m_base, lse_base, delta_base
 
 @_no_spec
 def _bwd_dkdv_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, STATS, DESC_Q, DESC_DO,
+                     DESC_LSE, DESC_DELTA,
                      stride_qz, stride_qh, stride_qm, stride_qd,
                      stride_kz, stride_kh, stride_kn, stride_kd,
                      stride_vz, stride_vh, stride_vn, stride_vd,
@@ -586,7 +605,8 @@ def _bwd_dkdv_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, STATS, DESC_Q,
                      COUNT_TILES: tl.constexpr, BLOCK_D: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
                      EVEN_N: tl.constexpr, PAD_D: tl.constexpr, ALIGNED: tl.constexpr,
-                     TMA: tl.constexpr, WS: tl.constexpr, REVERSE: tl.constexpr):
+                     TMA: tl.constexpr, WS: tl.constexpr, REVERSE: tl.constexpr,
+                     ROWS: tl.constexpr):
     stride_qz, stride_qh, stride_qm = \
         _a16(stride_qz, ALIGNED), _a16(stride_qh, ALIGNED), _a16(stride_qm, ALIGNED)
     stride_kz, stride_kh, stride_kn = \
@@ -625,6 +645,7 @@ def _bwd_dkdv_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, STATS, DESC_Q,
     for g in range(0, GROUP):
         off_h = off_hk * GROUP + g
         off_bh = off_z * H + off_h
+        row_bh = off_bh.to(tl.int32)  # the row statistics' descriptor row (B x H < 2^31)
         q_base = Q + off_z * stride_qz + off_h * stride_qh
         do_base = DO + off_z * stride_doz + off_h * stride_doh
         m_base = M + off_z * stride_mz + off_h * stride_mh
@@ -638,14 +659,14 @@ def _bwd_dkdv_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, STATS, DESC_Q,
                 stride_mm, stride_mn, stride_dqm, stride_dqd, N_CTX_Q, N_CTX_K, HEAD_DIM,
                 qk_scale, sm_scale, lo_off, hi_off, True, BAND, MASK_KIND,
                 PRECISION, ATOMIC_DQ, BLOCK_M, BLOCK_D, PAD_D,
-                DESC_Q, DESC_DO, off_z, off_h, TMA, WS)
+                DESC_Q, DESC_DO, DESC_LSE, DESC_DELTA, off_z, off_h, row_bh, TMA, WS, ROWS)
         dk, dv, n_full = _dkdv_inner(
             dk, dv, n_full, k, v, q_base, do_base, m_base, lse_base, delta_base, dq_base,
             offs_n, full_lo, full_hi, stride_qm, stride_qd, stride_dom, stride_dod,
             stride_mm, stride_mn, stride_dqm, stride_dqd, N_CTX_Q, N_CTX_K, HEAD_DIM,
             qk_scale, sm_scale, lo_off, hi_off, False, BAND, MASK_KIND,
             PRECISION, ATOMIC_DQ, BLOCK_M, BLOCK_D, PAD_D,
-            DESC_Q, DESC_DO, off_z, off_h, TMA, WS)
+            DESC_Q, DESC_DO, DESC_LSE, DESC_DELTA, off_z, off_h, row_bh, TMA, WS, ROWS)
         if BAND or not EVEN_M:
             dk, dv, n_edge = _dkdv_inner(
                 dk, dv, n_edge, k, v, q_base, do_base, m_base, lse_base, delta_base, dq_base,
@@ -653,7 +674,7 @@ def _bwd_dkdv_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, STATS, DESC_Q,
                 stride_mm, stride_mn, stride_dqm, stride_dqd, N_CTX_Q, N_CTX_K, HEAD_DIM,
                 qk_scale, sm_scale, lo_off, hi_off, True, BAND, MASK_KIND,
                 PRECISION, ATOMIC_DQ, BLOCK_M, BLOCK_D, PAD_D,
-                DESC_Q, DESC_DO, off_z, off_h, TMA, WS)
+                DESC_Q, DESC_DO, DESC_LSE, DESC_DELTA, off_z, off_h, row_bh, TMA, WS, ROWS)
     dk = dk * sm_scale
     st_mask = (offs_n[:, None] < N_CTX_K) & (offs_d[None, :] < HEAD_DIM)
     # DK and DV are allocated by the launcher with identical (contiguous) strides.
@@ -791,7 +812,7 @@ _fwd_fixed = triton.heuristics(_EVEN)(_fwd_kernel_impl)
 _fwd_tuned = _tuned(_fwd_fixed, "fwd", "BLOCK_M", "BLOCK_N", ("DESC_K", "DESC_V"))
 _dkdv_fixed = triton.heuristics(_EVEN)(_bwd_dkdv_kernel_impl)
 _dkdv_tuned = _tuned(_dkdv_fixed, "dkdv", "BLOCK_N", "BLOCK_M", ("DESC_Q", "DESC_DO"),
-                     reset_to_zero=["DQ"])
+                     ("DESC_LSE", "DESC_DELTA"), reset_to_zero=["DQ"])
 _dq_fixed = triton.heuristics(_EVEN)(_bwd_dq_kernel_impl)
 _dq_tuned = _tuned(_dq_fixed, "dq", "BLOCK_M", "BLOCK_N", ("DESC_K", "DESC_V"))
 _PATHS = {"fwd": (_fwd_fixed, _fwd_tuned, "BLOCK_M", "BLOCK_N"),
@@ -845,6 +866,20 @@ def _descriptor(t: torch.Tensor, rows: int, block_d_: int):
     return TensorDescriptor(t, shape, strides, [1, 1, rows, block_d_])
 
 
+def _row_descriptor(t: torch.Tensor, rows: int):
+    """A 2-D tensor descriptor over the contiguous (B, H, N) row statistics ``t``, viewed as
+    (B x H, N), with block [1, rows]."""
+    n = t.shape[-1]
+    return TensorDescriptor(t.view(-1, n), [t.numel() // n, n], [n, 1], [1, rows])
+
+
+def _rows_layout_ok(t: torch.Tensor) -> bool:
+    """Whether the row statistics ``t`` (contiguous fp32, (B, H, N)) can be read through
+    :func:`_row_descriptor`: 16-byte aligned base and row stride (N a multiple of 4)."""
+    return (t.is_contiguous() and t.data_ptr() % 16 == 0
+            and (t.shape[-1] * t.element_size()) % 16 == 0)
+
+
 def _unit_dim_stride(t: torch.Tensor, i: int) -> int:
     """A stride for size-1 dim ``i`` of ``t``: the span of the dim after it (1 for the last)."""
     return 1 if i == 3 else t.shape[i + 1] * max(t.stride(i + 1), 1)
@@ -867,41 +902,52 @@ def _tma_layout_ok(*tensors: torch.Tensor) -> bool:
     return True
 
 
-def _hopper_flags(kind: str, p: Problem, q: torch.Tensor, streamed: tuple) -> dict:
+def _hopper_flags(kind: str, p: Problem, q: torch.Tensor, streamed: tuple,
+                  rows: tuple = ()) -> dict:
     """The schedule flags of a launch (``_common.SCHEDULE_TABLE``): TMA, tensor descriptors
     for the streamed operands where the device, table and layout allow; WS, warp
     specialisation of the tile loop (with TMA); REVERSE, last tile first where a causal-like
-    band makes the last tiles of this kind the longest."""
+    band makes the last tiles of this kind the longest; for the dK/dV kernel, ROWS, its row
+    statistics ``rows`` (lse, delta) through descriptors too (with TMA)."""
     bd, elem = block_d(p.D), q.element_size()
     sched = _common.schedule(kind, elem, bd)
     tma = _common.use_tma(kind, q.device, elem, bd) and _tma_layout_ok(*streamed)
-    return dict(TMA=tma, WS=bool(tma and sched["ws"]),
-                REVERSE=bool(sched["reverse"] and p.has_hi and not p.has_lo))
+    flags = dict(TMA=tma, WS=bool(tma and sched["ws"]),
+                 REVERSE=bool(sched["reverse"] and p.has_hi and not p.has_lo))
+    if kind == "dkdv":
+        flags["ROWS"] = bool(tma and _common.use_row_tma(kind, q.device, elem, bd)
+                             and all(_rows_layout_ok(t) for t in rows))
+    return flags
 
 
 def _launch(kind: str, grid, head: tuple, streamed: tuple, tail: tuple, kwargs: dict,
-            p: Problem, q: torch.Tensor) -> None:
+            p: Problem, q: torch.Tensor, rows: tuple = ()) -> None:
     """Launch kernel ``kind`` ("fwd", "dkdv", "dq") in the current tuning mode.
 
     The kernel's arguments are ``head``, then ``streamed`` (the two operands its tile loop
     reads, passed again as tensor descriptors when TMA is on, else as themselves), then
-    ``tail``. ``grid(meta)`` maps the tile sizes to the launch grid. Heuristic mode (and the
-    interpreter) passes one config explicitly; autotune mode lets Triton's autotuner pick.
+    ``rows`` (the dK/dV kernel's lse and delta, again as 2-D descriptors when ROWS is on,
+    else as themselves), then ``tail``. ``grid(meta)`` maps the tile sizes to the launch
+    grid. Heuristic mode (and the interpreter) passes one config explicitly; autotune mode
+    lets Triton's autotuner pick.
     """
     fixed, tuned, outer, inner = _PATHS[kind]
-    flags = _hopper_flags(kind, p, q, streamed)
+    flags = _hopper_flags(kind, p, q, streamed, rows)
     bd = block_d(p.D)
     if INTERPRET or not q.is_cuda or _common.get_tuning() == "heuristic":
         o, i, warps, stages = _common.launch_point(kind, bd, q.element_size(),
                                                    p.is_causal, q.device)
         meta = {outer: o, inner: i}
-        descs = tuple(_descriptor(t, i, bd) for t in streamed) if flags["TMA"] else streamed
-        fixed[grid(meta)](*head, *descs, *tail, **kwargs, **flags, **meta, num_warps=warps,
-                          num_stages=stages)
     else:
         # Placeholder block rows: the config's pre_hook sets them (_tma_pre_hook).
-        descs = tuple(_descriptor(t, 16, bd) for t in streamed) if flags["TMA"] else streamed
-        tuned[grid](*head, *descs, *tail, **kwargs, **flags)
+        meta, i = None, 16
+    descs = tuple(_descriptor(t, i, bd) for t in streamed) if flags["TMA"] else streamed
+    row_args = tuple(_row_descriptor(t, i) for t in rows) if flags.get("ROWS") else rows
+    if meta is not None:
+        fixed[grid(meta)](*head, *descs, *row_args, *tail, **kwargs, **flags, **meta,
+                          num_warps=warps, num_stages=stages)
+    else:
+        tuned[grid](*head, *descs, *row_args, *tail, **kwargs, **flags)
 
 
 def _device_ctx(t: torch.Tensor):
@@ -974,7 +1020,8 @@ def _backward(do, q, k, v, out, lse, p: Problem, deterministic: bool, allow_tf32
             *q.stride(), *k.stride(), *v.stride(), *_strides(p.mask), *do.stride(),
             *dk.stride(), *dq_acc.stride(),
             p.Hkv, p.group, p.Nq, p.Nk, p.D, p.scale * LOG2E, p.scale, *_band_args(p)[1:]),
-            dict(ATOMIC_DQ=not deterministic, COUNT_TILES=count, **consts), p, q)
+            dict(ATOMIC_DQ=not deterministic, COUNT_TILES=count, **consts), p, q,
+            rows=(lse, delta))
         if deterministic:
             buf_q = _stats_buffer(count, triton.cdiv(p.Nq, 16) * p.B * p.Hq, dev)
             _launch("dq", lambda m: (triton.cdiv(p.Nq, m["BLOCK_M"]), p.B * p.Hq),

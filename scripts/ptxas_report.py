@@ -181,7 +181,8 @@ def _problem(D: int, dtype: torch.dtype, causal: bool):
     return q, k, v, do, p
 
 
-def run(*, D: int, dtype: torch.dtype, sweep: bool, ptx_dir: Path | None) -> dict:
+def run(*, D: int, dtype: torch.dtype, sweep: bool, ptx_dir: Path | None,
+        which: str = "tables") -> dict:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise SystemExit("ptxas_report: unset TRITON_INTERPRET (this compiles for sm_90a)")
     comp = _Compiler(ptx_dir)
@@ -190,7 +191,7 @@ def run(*, D: int, dtype: torch.dtype, sweep: bool, ptx_dir: Path | None) -> dic
     from flashcheck.kernels import flash_attention as fa
 
     sw = _sweep_module()
-    todo = [None] + (sw.variants() if sweep else [])
+    todo = [None] + (sw.variants(which) if sweep else [])
     for var in todo:
         for causal in (False, True):
             if var is not None and var["causal"] != causal:
@@ -199,6 +200,7 @@ def run(*, D: int, dtype: torch.dtype, sweep: bool, ptx_dir: Path | None) -> dic
             comp.only = None if var is None else KERNELS[var["kind"]]
             comp.tag = ("table" if var is None else
                         f"{var['kind']} {tuple(var['point'])} tma={var['tma']} ws={var['ws']}"
+                        f"{' rows' if var.get('rows') else ''}"
                         f"{' atomic' if var.get('atomic') else ''}") + f" causal={causal}"
             # The table's launch as it is; a sweep variant forced as the sweep forces it.
             try:
@@ -228,6 +230,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bfloat16", choices=("float16", "bfloat16", "float32"))
     ap.add_argument("--sweep", action="store_true",
                     help="also every variant of scripts/gpu/sweep_hopper.py")
+    ap.add_argument("--set", default="tables", choices=("tables", "rows"),
+                    help="with --sweep: which of sweep_hopper.py's variant sets")
     ap.add_argument("--ptx-dir", type=Path, default=None,
                     help="keep each kernel's PTX here (named by its hash)")
     ap.add_argument("--against", type=Path, default=None, metavar="REPORT",
@@ -243,7 +247,7 @@ def main(argv=None) -> int:
     if not 1 <= args.d <= 256:
         ap.error(f"--d must be in 1..256, got {args.d}")
     rep = run(D=args.d, dtype=getattr(torch, args.dtype), sweep=args.sweep,
-              ptx_dir=args.ptx_dir)
+              ptx_dir=args.ptx_dir, which=args.set)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     # One kernel record per line: the report stays readable and diffs line by line.
     head = json.dumps({k: v for k, v in rep.items() if k != "kernels"}, indent=1)[:-2]

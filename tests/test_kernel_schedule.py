@@ -63,6 +63,25 @@ def test_descriptor_loads_are_bit_identical_to_pointer_loads(case):
     _assert_bitwise(plain, tma)
 
 
+def test_row_statistics_through_descriptors_only_where_their_row_stride_allows():
+    # The dK/dV kernel reads lse and delta through (B x H, Nq) descriptors when Nq * 4 bytes
+    # is a multiple of 16; CASES has both kinds (Nq 40, 48 and 33, 37), each bit-identical
+    # above. Here the flag itself, and the kernels' results on both sides of the rule.
+    for nq, expect in ((40, True), (33, False), (48, True), (37, False)):
+        q, k, v, do = _inputs(nq, 24, 16, 2, 2, seed=nq)
+        p = _common.validate(q, k, v, None, 0.0, True, None, False, None, "top_left")
+        rows = (torch.zeros(2, 2, nq, device=DEVICE), torch.zeros(2, 2, nq, device=DEVICE))
+        with _common.tma("on"):
+            assert fa._hopper_flags("dkdv", p, q, (q, do), rows)["ROWS"] is expect
+            assert "ROWS" not in fa._hopper_flags("dq", p, q, (k, v))
+            tma = _fwd_bwd(q, k, v, do, is_causal=True)
+        with _common.tma("off"):
+            assert fa._hopper_flags("dkdv", p, q, (q, do), rows)["ROWS"] is False
+            plain = _fwd_bwd(q, k, v, do, is_causal=True)
+        _assert_bitwise(plain, tma)
+    assert not fa._rows_layout_ok(torch.zeros(2, 2, 40)[..., 1:])   # not contiguous
+
+
 def test_descriptor_path_with_a_strided_layout_and_a_mask():
     # (B, N, H, D) storage viewed as (B, H, N, D): row stride H*D, head stride D.
     g = torch.Generator().manual_seed(5)
@@ -117,8 +136,10 @@ def test_schedule_table_covers_every_launch_and_rejects_bad_input():
         for elem in (2, 4):
             for bd in (16, 32, 64, 128, 256):
                 flags = _common.schedule(kind, elem, bd)
-                assert set(flags) == {"tma", "ws", "reverse"}
+                assert set(flags) == {"tma", "ws", "reverse", "rows"}
                 assert not flags["ws"] or flags["tma"], "warp specialisation needs TMA"
+                assert not flags["rows"] or (flags["tma"] and kind == "dkdv"), \
+                    "row statistics through descriptors: the dK/dV kernel's, with TMA"
     with pytest.raises(ValueError, match="TMA mode must be one of"):
         _common.set_tma("sometimes")
     with pytest.raises(ValueError, match="kind must be one of"):
@@ -136,6 +157,10 @@ def test_autotune_pre_hook_gives_descriptors_the_config_block():
     fa._tma_pre_hook(("DESC_K", "DESC_V"), "BLOCK_N")(
         {"DESC_K": d, "DESC_V": t, "BLOCK_N": 64, "BLOCK_D": 32})
     assert list(d.block_shape) == [1, 1, 64, 32]
+    r = fa._row_descriptor(torch.zeros(1, 2, 64), 16)
+    fa._tma_pre_hook(("DESC_Q",), "BLOCK_M", ("DESC_LSE",))(
+        {"DESC_Q": d, "DESC_LSE": r, "BLOCK_M": 32, "BLOCK_D": 32})
+    assert list(r.block_shape) == [1, 32] and list(d.block_shape) == [1, 1, 32, 32]
 
 
 def test_last_tile_first_only_under_an_upper_bounded_band():

@@ -62,6 +62,12 @@
 #   bash scripts/gpu/session.sh reuse     a cold-cache fuzz campaign of REUSE_KERNEL (default
 #                                         triton) for REUSE_S seconds (default 60), without and
 #                                         with --reuse-compiled, each from an empty Triton cache
+#   bash scripts/gpu/session.sh kernel    our kernel after a change, side by side: a --keep-going
+#                                         fuzz campaign (KERNEL_MIN minutes, default 10, 8
+#                                         workers, seed FUZZ_SEED), the gate on the committed
+#                                         budgets (no --update), memcheck, racecheck and the
+#                                         determinism check; longer than one call: run it as
+#                                         `detach kernel`, then `collect`
 # Several phases may share one call (session.sh throughput peers); they run in this file's order.
 set -uo pipefail
 : "${1:?phase}"
@@ -334,6 +340,21 @@ if has reuse; then
       --out "$R/reuse/$mode" > "$R/reuse-$mode.log" 2>&1
     el "fuzz $mode exit=$?"
   done
+fi
+if has kernel; then
+  el kernel
+  mkdir -p "$R/kernel"
+  job kernel/fuzz $(( ${KERNEL_MIN:-10} * 60 + 150 )) python3 -m flashcheck fuzz --kernel triton \
+    --device cuda --minutes "${KERNEL_MIN:-10}" --keep-going --seed "${FUZZ_SEED:-20261210}" \
+    --workers 8 --out "$R/kernel/fuzz"
+  job kernel/gate 400 python3 -m flashcheck gate --device cuda --jobs 4 --out "$R/kernel/gate"
+  job kernel/memcheck 400 compute-sanitizer --tool memcheck --print-limit 20 \
+    python3 scripts/gpu/sanitize_cases.py
+  job kernel/racecheck 400 compute-sanitizer --tool racecheck --print-limit 20 \
+    python3 scripts/gpu/sanitize_cases.py --ns 17,129,1000 --ds 40,128
+  job kernel/det 300 python3 scripts/gpu/determinism.py --out "$R/kernel/determinism.json"
+  wait
+  el "kernel done"
 fi
 if has checks; then
   job det 250 python3 scripts/gpu/determinism.py --out "$R/determinism.json"

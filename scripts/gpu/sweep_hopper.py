@@ -1,6 +1,7 @@
 """Launch-configuration sweep of our kernel's three kernels on a Hopper GPU.
 
     python3 scripts/gpu/sweep_hopper.py --jobs 14 --out DIR [--d 128] [--dtype bfloat16]
+                                        [--set tables|rows]
 
 Each variant is (kind, point, tma, ws) with kind "fwd", "dkdv" or "dq", point = (outer,
 inner, warps, stages) as in ``kernels._common`` and tma/ws the Hopper flags. Three phases:
@@ -45,10 +46,25 @@ DKDV_POINTS = [(128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3)
 DQ_POINTS = [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3), (128, 128, 8, 2),
              (64, 64, 4, 3)]
 MODES = ((False, False), (True, False), (True, True))  # (tma, ws)
+# The "rows" set: the dK/dV kernel with its per-row lse and delta read through descriptors
+# (ROWS) beside the table's descriptor path without them, with and without warp
+# specialisation, at the points of the table's neighbourhood.
+ROWS_POINTS = [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3), (128, 32, 8, 4),
+               (64, 64, 4, 3), (128, 64, 8, 1)]
+ROWS_MODES = ((True, False, False), (True, False, True), (True, True, True))  # tma, ws, rows
+SETS = ("tables", "rows")
 
 
-def variants() -> list[dict]:
+def variants(which: str = "tables") -> list[dict]:
+    if which not in SETS:
+        raise ValueError(f"--set must be one of {SETS}, got {which!r}")
     out = []
+    if which == "rows":
+        for causal in (False, True):
+            for pt, (tma, ws, rows) in itertools.product(ROWS_POINTS, ROWS_MODES):
+                out.append(dict(kind="dkdv", point=list(pt), tma=tma, ws=ws, rows=rows,
+                                causal=causal))
+        return out
     for causal in (False, True):
         for pt, tma in itertools.product(FWD_POINTS, (False, True)):
             out.append(dict(kind="fwd", point=list(pt), tma=tma, ws=False, causal=causal))
@@ -62,8 +78,8 @@ def variants() -> list[dict]:
 
 
 def _forced(var: dict | None):
-    """Context: the package launches ``var`` for its kind (point, TMA, WS); every other
-    kind at the table's point on the pointer path."""
+    """Context: the package launches ``var`` for its kind (point, TMA, WS, ROWS); every
+    other kind at the table's point on the pointer path."""
     from flashcheck.kernels import _common
     from flashcheck.kernels import flash_attention as fa
 
@@ -77,11 +93,14 @@ def _forced(var: dict | None):
                     return tuple(var["point"])
                 return self.orig_lp(kind, *a, **k)
 
-            def hf(kind, p, q, streamed):
-                flags = self.orig_hf(kind, p, q, streamed)
+            def hf(kind, p, q, streamed, rows=()):
+                flags = self.orig_hf(kind, p, q, streamed, rows)
                 mine = var is not None and kind == var["kind"]
                 flags["TMA"] = bool(mine and var["tma"] and fa._tma_layout_ok(*streamed))
                 flags["WS"] = bool(mine and var["ws"] and flags["TMA"])
+                if "ROWS" in flags:
+                    flags["ROWS"] = bool(mine and var.get("rows") and flags["TMA"]
+                                         and all(fa._rows_layout_ok(t) for t in rows))
                 return flags
 
             _common.launch_point = lp
@@ -112,8 +131,9 @@ def _fwd_bwd(q, k, v, do, p, deterministic=True):
     return out, dq, dk, dv
 
 
-def compile_shard(shard: int, shards: int, dtype, D: int, out_path: Path) -> None:
-    todo = variants()[shard::shards]
+def compile_shard(shard: int, shards: int, dtype, D: int, out_path: Path,
+                  which: str = "tables") -> None:
+    todo = variants(which)[shard::shards]
     refs = {}
     with open(out_path, "a") as f:
         for var in todo:
@@ -191,6 +211,7 @@ def time_all(dtype, D: int, compiled: list[dict], log) -> dict:
                 rec = _time_variant(var, q, k, v, do, p, out, lse)
                 res["variants"].append(rec)
                 log(f"{var['kind']} {var['point']} tma={var['tma']} ws={var['ws']} "
+                    f"rows={bool(var.get('rows'))} "
                     f"atomic={bool(var.get('atomic'))} causal={causal}: "
                     f"{rec.get('ms', rec.get('time_error'))}")
     return res
@@ -204,6 +225,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--shard", default=None, help="internal: i/n, compile phase")
     ap.add_argument("--compile-timeout", type=float, default=300)
+    ap.add_argument("--set", default="tables", choices=SETS,
+                    help="which variants: the set behind the tables, or the dK/dV row set")
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     out = Path(args.out)
@@ -211,11 +234,12 @@ def main(argv=None) -> int:
     comp = out / "compile.jsonl"
     if args.shard:
         i, n = (int(x) for x in args.shard.split("/"))
-        compile_shard(i, n, dtype, args.d, comp)
+        compile_shard(i, n, dtype, args.d, comp, args.set)
         return 0
     t0 = time.time()
     procs = [subprocess.Popen([sys.executable, __file__, "--out", str(out), "--d", str(args.d),
-                               "--dtype", args.dtype, "--shard", f"{i}/{args.jobs}"])
+                               "--dtype", args.dtype, "--set", args.set,
+                               "--shard", f"{i}/{args.jobs}"])
              for i in range(args.jobs)]
     deadline = time.time() + args.compile_timeout
     for pr in procs:
@@ -226,8 +250,8 @@ def main(argv=None) -> int:
     compile_s = time.time() - t0
     recs = [json.loads(line) for line in comp.read_text().splitlines() if line.strip()]
     ok = [r for r in recs if r["ok"]]
-    print(f"compiled {len(ok)}/{len(variants())} variants in {compile_s:.0f} s "
-          f"({len(recs) - len(ok)} failed, {len(variants()) - len(recs)} not reached)",
+    print(f"compiled {len(ok)}/{len(variants(args.set))} variants in {compile_s:.0f} s "
+          f"({len(recs) - len(ok)} failed, {len(variants(args.set)) - len(recs)} not reached)",
           flush=True)
     for r in recs:
         if not r["ok"] or max(r["max_diff"]) > 0:
@@ -245,7 +269,8 @@ def main(argv=None) -> int:
                    compile_s=round(compile_s, 1), compile=recs, timing=timed, best=best)
     (out / "sweep.json").write_text(json.dumps(summary, indent=1))
     for key, r in best.items():
-        print("best", key, r["point"], "tma", r["tma"], "ws", r["ws"], f"{r['ms']:.3f} ms",
+        print("best", key, r["point"], "tma", r["tma"], "ws", r["ws"], "rows",
+              bool(r.get("rows")), f"{r['ms']:.3f} ms",
               flush=True)
     return 0
 
