@@ -605,3 +605,89 @@ def test_forward_flush_bound_holds_for_every_dropped_subset(seed):
     for name, change in (("out", o_f - o), ("dq", dq_f - dq), ("dk", dk_f - dk)):
         assert bool((change.abs() <= bound[name] * (1 + 1e-9) + 1e-15).all()), name
         assert float(bound[name].max()) < 50 * float(change.abs().max()), name  # not vacuous
+
+
+# (B, Hq, Hkv, Nq, Nk, D, dtype, is_causal, mask, query scale, backward): GQA and MHA, a
+# bool mask with a fully masked row, an additive bias with -inf entries and a fully -inf
+# row, causal structure; large logits put forward terms below each dtype's smallest normal,
+# so _forward_flush's share is not zero everywhere.
+SHARED_EXACT_CASES = [
+    (2, 4, 2, 9, 11, 8, torch.float16, True, "bool", 1.0, True),
+    (1, 6, 2, 12, 7, 5, torch.bfloat16, False, "bias", 1.0, True),
+    (2, 2, 1, 8, 8, 16, torch.bfloat16, True, None, 40.0, False),
+    (1, 3, 3, 10, 13, 4, torch.float16, False, "bool", 8.0, False),
+    (1, 4, 1, 7, 9, 8, torch.bfloat16, True, "bias", 40.0, True),
+    (1, 2, 2, 6, 6, 3, torch.float16, True, "bias", 12.0, True),
+    (1, 4, 2, 5, 9, 8, torch.float32, False, "bool", 40.0, True),
+]
+
+
+def _shared_exact_inputs(seed, b, hq, hkv, nq, nk, d, dtype, causal, mask, amp, backward):
+    from flashcheck.reference.masks import structural_mask
+
+    g = torch.Generator().manual_seed(seed)
+
+    def draw(*shape, a=1.0):
+        return (a * torch.randn(*shape, generator=g, dtype=torch.float64)).to(dtype)
+
+    q, k, v = draw(b, hq, nq, d, a=amp), draw(b, hkv, nk, d), draw(b, hkv, nk, d)
+    do = draw(b, hq, nq, d) if backward else None
+    allowed, bias = structural_mask(nq, nk, is_causal=causal), None
+    if mask == "bool":
+        m = torch.rand(b, hq, nq, nk, generator=g) < 0.7
+        m[:, :, 2] = False  # a fully masked row
+        allowed = allowed & m
+    elif mask == "bias":
+        bias = draw(b, 1, nq, nk, a=3.0)
+        bias[torch.rand(bias.shape, generator=g) < 0.2] = -math.inf
+        bias[:, :, 1] = -math.inf  # a row with no live key
+    return q, k, v, do, allowed, bias, 1.0 / math.sqrt(d)
+
+
+@pytest.mark.parametrize("seed, spec", list(enumerate(SHARED_EXACT_CASES)),
+                         ids=[f"case{i}" for i in range(len(SHARED_EXACT_CASES))])
+def test_shared_exact_operands_give_bitwise_equal_bounds(seed, spec):
+    """error_model and ftz_allowance given one exact_operands (as check_case's bounds stage
+    runs them) return bitwise the same floors, a-priori bounds and flush allowances as each
+    building its own; the shared tensors are left unchanged."""
+    from flashcheck.verify.bounds import _forward_flush, exact_operands, ftz_allowance
+
+    b, hq, hkv, nq, nk, d, dtype = spec[:7]
+    q, k, v, do, allowed, bias, scale = _shared_exact_inputs(seed, *spec)
+    shape, ops = (b, hq, nq, nk), (q, k, v, do, scale)
+    kw = dict(allowed=allowed, bias=bias, scale=scale, dtype=dtype)
+    want_model = error_model(q, k, v, do, **kw)
+    want_flush = ftz_allowance(allowed, bias, shape, hkv, dtype, operands=ops)
+    exact = exact_operands(q, k, v, do, allowed=allowed, bias=bias, scale=scale)
+    shared = [t for t in (exact.q, exact.k, exact.v, exact.do, *exact.softmax) if t is not None]
+    before = [t.clone() for t in shared]
+    model = error_model(q, k, v, do, **kw, exact=exact)
+    flush = ftz_allowance(allowed, bias, shape, hkv, dtype, operands=ops, exact=exact)
+    assert model.keys() == want_model.keys() == ({"out", "lse"} | (
+        set(GRADS) if do is not None else set()))
+    for n, want in want_model.items():
+        for field in ("floor", "apriori", "floor_acc"):
+            assert torch.equal(getattr(model[n], field), getattr(want, field)), (n, field)
+        assert (model[n].n_sources, model[n].order_share) == (want.n_sources,
+                                                              want.order_share), n
+    assert flush.keys() == want_flush.keys()
+    for n, want in want_flush.items():
+        assert torch.equal(flush[n], want), n
+    assert all(torch.equal(t, t0) for t, t0 in zip(shared, before, strict=True))
+    forward = _forward_flush(allowed, bias, hkv, torch.finfo(dtype).tiny, ops, exact=exact)
+    if spec[9] >= 8.0:  # large logits: some forward terms fall below the threshold
+        assert bool((forward["out"] > 0).any())
+
+
+def test_shared_exact_operands_must_match_the_operands():
+    """An exact_operands built without dO (or for other shapes) is refused, not misused."""
+    from flashcheck.verify.bounds import exact_operands, ftz_allowance
+
+    q, k, v, do, allowed, bias, scale = _shared_exact_inputs(0, *SHARED_EXACT_CASES[0])
+    exact = exact_operands(q, k, v, None, allowed=allowed, bias=bias, scale=scale)
+    with pytest.raises(ValueError, match="exact does not match"):
+        error_model(q, k, v, do, allowed=allowed, bias=bias, scale=scale,
+                    dtype=q.dtype, exact=exact)
+    with pytest.raises(ValueError, match="exact does not match"):
+        ftz_allowance(allowed, bias, (*q.shape[:3], k.shape[2]), k.shape[1], q.dtype,
+                      operands=(q[:, :2], k, v, None, scale), exact=exact)

@@ -240,6 +240,48 @@ def _exact_softmax(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor,
     return s, ok, m, e, denom, p
 
 
+@dataclass(frozen=True)
+class Exact:
+    """The float64 operands of one case and their exact softmax, as :func:`error_model` and
+    :func:`ftz_allowance` use them (:func:`exact_operands`).
+
+    ``q`` (B, Hq, Nq, D); ``k``, ``v`` (B, Hq, Nk, D), each kv head repeated over its
+    query-head group; ``do`` like ``q``, or None without a backward; ``softmax`` is
+    :func:`_exact_softmax`'s (s, ok, m, e, denom, p), four of them (B, Hq, Nq, Nk)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    do: torch.Tensor | None
+    softmax: tuple[torch.Tensor, ...]
+
+
+def exact_operands(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   grad_out: torch.Tensor | None, *, allowed: torch.Tensor,
+                   bias: torch.Tensor | None, scale: float) -> Exact:
+    """The operands converted to float64 (detached, on their own device, k and v expanded
+    to Hq heads) and :func:`_exact_softmax` of them: what :func:`error_model` and
+    :func:`ftz_allowance` both start from, so a caller running both computes it once and
+    hands it to each as ``exact``. Arguments as :func:`error_model`'s; the result holds
+    several (B, Hq, Nq, Nk) float64 tensors for as long as it is referenced."""
+    f64 = torch.float64
+    hq = query.shape[1]
+    q = query.detach().to(f64)
+    k = _expand_kv(key.detach().to(f64), hq)
+    v = _expand_kv(value.detach().to(f64), hq)
+    do = None if grad_out is None else grad_out.detach().to(f64)
+    return Exact(q, k, v, do, _exact_softmax(q, k, allowed, bias, scale))
+
+
+def _check_exact(exact: Exact, query: torch.Tensor, key: torch.Tensor,
+                 grad_out: torch.Tensor | None) -> None:
+    """Reject an ``exact`` whose shapes (or backward) do not match the operands."""
+    want = (query.shape, (*key.shape[:1], query.shape[1], *key.shape[2:]))
+    if (exact.q.shape, exact.k.shape) != want or (exact.do is None) != (grad_out is None):
+        raise ValueError("exact does not match the operands: build it with exact_operands "
+                         "from the same query, key, value and grad_out")
+
+
 def error_model(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -251,13 +293,15 @@ def error_model(
     scale: float,
     dtype: torch.dtype | str,
     tf32: bool = False,
+    exact: Exact | None = None,
 ) -> dict[str, TensorBound]:
     """Floors and a-priori bounds for out, lse and (with ``grad_out``) dq, dk, dv.
 
     ``query`` (B, Hq, Nq, D), ``key``/``value`` (B, Hkv, Nk, D), ``grad_out`` like query;
     ``allowed``: bool broadcastable to (B, Hq, Nq, Nk) (structure and bool mask combined);
     ``bias``: additive scores or None. ``dtype`` is the input dtype; ``tf32`` says fp32 dot
-    products use TF32 operands.
+    products use TF32 operands. ``exact``: :func:`exact_operands` of these same arguments
+    (built here when None).
     """
     if not (isinstance(scale, float) and scale > 0):
         raise ValueError(f"scale must be a finite float > 0, got {scale!r}")
@@ -266,13 +310,16 @@ def error_model(
     half_eta = 0.5 * SUBNORMAL_SPACING.get(tdt, 0.0)  # absolute part of each rounding
     u_op = unit_roundoff(dtype, tf32=tf32) if tf32 else 0.0  # TF32 operand rounding
     f64 = torch.float64
-    q = query.detach().to(f64)
+    if exact is None:
+        exact = exact_operands(query, key, value, grad_out, allowed=allowed, bias=bias,
+                               scale=scale)
+    else:
+        _check_exact(exact, query, key, grad_out)
+    q, k, v = exact.q, exact.k, exact.v
     hkv, hq = key.shape[1], query.shape[1]
-    k = _expand_kv(key.detach().to(f64), hq)
-    v = _expand_kv(value.detach().to(f64), hq)
     nq, nk, d = q.shape[2], k.shape[2], q.shape[3]
 
-    s, ok, m, e, denom, p = _exact_softmax(q, k, allowed, bias, scale)
+    s, ok, m, e, denom, p = exact.softmax
     lse = torch.where(denom > 0, m + torch.log(denom), torch.full_like(denom, -torch.inf))
     o = p @ v
     av, ak, aq = v.abs(), k.abs(), q.abs()
@@ -376,7 +423,7 @@ def error_model(
              + U_ACC * torch.sqrt(n_keys) * pv + torch.sqrt((mult * dp_x * dp_x) @ (v * v)))
     o_flip = _rounding_flip_spacing(o, o_pre, tdt)
 
-    do = grad_out.detach().to(f64)
+    do = exact.do
     ado = do.abs()
     dp = do @ v.transpose(-1, -2)
     drow = (do * o).sum(-1, keepdim=True)
@@ -528,8 +575,8 @@ TINY_ACC = torch.finfo(torch.float32).tiny
 
 
 def ftz_allowance(allowed: torch.Tensor, bias: torch.Tensor | None, shape: tuple,
-                  hkv: int, dtype: torch.dtype, operands: tuple | None = None
-                  ) -> dict[str, torch.Tensor]:
+                  hkv: int, dtype: torch.dtype, operands: tuple | None = None, *,
+                  exact: Exact | None = None) -> dict[str, torch.Tensor]:
     """Per tensor, broadcastable to it: the largest change flushing can make (above).
     ``shape`` is (B, Hq, Nq, Nk); ``allowed`` and ``bias`` broadcast to it.
 
@@ -542,7 +589,9 @@ def ftz_allowance(allowed: torch.Tensor, bias: torch.Tensor | None, shape: tuple
     own flushing kept dS just above the threshold there). fp16's smallest normal is 6.1e-5:
     its flushed backward operands are the ``ftz`` member's to explain, never this bound's.
     With ``operands``, whatever the dtype, the forward's flushed P and what they move in the
-    backward through D_i = rowsum(dO·O) (:func:`_forward_flush`)."""
+    backward through D_i = rowsum(dO·O) (:func:`_forward_flush`). ``exact``, with
+    ``operands`` only: :func:`exact_operands` of them (with ``allowed``, ``bias`` and their
+    scale), whose float64 operands and softmax then serve here instead of new ones."""
     b, hq, nq, nk = shape
     live = allowed if bias is None else allowed & (bias > -math.inf)
     live = live.expand(b, hq, nq, nk)
@@ -555,17 +604,24 @@ def ftz_allowance(allowed: torch.Tensor, bias: torch.Tensor | None, shape: tuple
     per_head = (hq // hkv) * tiny_in if hq != hkv and tiny_in <= TINY_ACC else 0.0
     rows = n_rows * TINY_ACC + per_head
     allow = {"out": n_keys * TINY_ACC, "dq": n_keys * TINY_ACC, "dk": rows, "dv": rows}
+    if exact is not None:
+        if operands is None:
+            raise ValueError("exact needs the operands it was built from")
+        _check_exact(exact, operands[0], operands[1], operands[3])
     if operands is not None and tiny_in <= TINY_ACC:
         q, k, v, do, scale = operands
         w = live.to(torch.float64)
-        k, v = (_expand_kv(t.to(torch.float64).abs(), hq) for t in (k, v))
-        aq = q.to(torch.float64).abs()
+        if exact is None:
+            k, v = (_expand_kv(t.to(torch.float64).abs(), hq) for t in (k, v))
+            aq = q.to(torch.float64).abs()
+        else:  # |x| commutes with the head expansion: the same values
+            k, v, aq = exact.k.abs(), exact.v.abs(), exact.q.abs()
         allow["out"] = allow["out"] + tiny_in * (w @ v)
         allow["dq"] = allow["dq"] + tiny_in * scale * (w @ k)
         allow["dk"] = allow["dk"] + _group_sum(tiny_in * scale * (w.transpose(-1, -2) @ aq),
                                                hkv)
         if do is not None:
-            ado = do.to(torch.float64).abs()
+            ado = (do.to(torch.float64) if exact is None else exact.do).abs()
             allow["dv"] = allow["dv"] + _group_sum(tiny_in * (w.transpose(-1, -2) @ ado), hkv)
             # Products flushed inside the intermediate sums dP_ij = dO_i·V_j and D_i = dO_i·O_i
             # (|O_id| <= max_j |V_jd|, O being a convex combination of V's rows): each sum
@@ -583,7 +639,8 @@ def ftz_allowance(allowed: torch.Tensor, bias: torch.Tensor | None, shape: tuple
             allow["dk"] = allow["dk"] + _group_sum(
                 scale * ((d_p + d_d * w).transpose(-1, -2) @ aq), hkv)
     if operands is not None:
-        for name, extra in _forward_flush(allowed, bias, hkv, tiny_in, operands).items():
+        for name, extra in _forward_flush(allowed, bias, hkv, tiny_in, operands,
+                                          exact=exact).items():
             allow[name] = allow[name] + extra
     return allow
 
@@ -605,20 +662,19 @@ def ftz_allowance(allowed: torch.Tensor, bias: torch.Tensor | None, shape: tuple
 # its mass (fp16, 59 causal keys, one of norm 607: dq 0 where the exact value is 0.0194 and
 # the ftz member's error is 0.0019; this bound 0.0278).
 def _forward_flush(allowed: torch.Tensor, bias: torch.Tensor | None, hkv: int, tiny: float,
-                   operands: tuple) -> dict[str, torch.Tensor]:
+                   operands: tuple, *, exact: Exact | None = None) -> dict[str, torch.Tensor]:
     """The forward flush's share of :func:`ftz_allowance` (above): out, and with dO, dq
-    and dk."""
-    q, k, v, do, scale = operands
-    f64 = torch.float64
-    hq = q.shape[1]
-    q = q.to(f64)
-    k, v = (_expand_kv(t.to(f64), hq) for t in (k, v))
-    _, ok, _, e, _, p = _exact_softmax(q, k, allowed, bias, scale)
+    and dk. ``exact``: :func:`exact_operands` of ``operands`` (built here when None)."""
+    _, _, _, do, scale = operands
+    if exact is None:
+        exact = exact_operands(*operands[:4], allowed=allowed, bias=bias, scale=scale)
+    q, k, v = exact.q, exact.k, exact.v
+    _, ok, _, e, _, p = exact.softmax
     pf = torch.where(ok & (e < 2 * tiny), p, torch.zeros_like(p))
     # The worst subset of F_i: all of a sum's positive terms, or all of its negative ones.
     extra = {"out": torch.maximum(pf @ v.clamp(min=0), pf @ (-v).clamp(min=0))}
     if do is not None:
-        x = pf * (do.to(f64) @ v.transpose(-1, -2))
+        x = pf * (exact.do @ v.transpose(-1, -2))
         d_delta = torch.maximum(x.clamp(min=0).sum(-1, keepdim=True),
                                 (-x).clamp(min=0).sum(-1, keepdim=True))
         extra["dq"] = scale * d_delta * (p @ k).abs()

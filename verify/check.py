@@ -65,6 +65,7 @@ from flashcheck.verify.bounds import (
     TENSORS,
     effective_samples,
     error_model,
+    exact_operands,
     ftz_allowance,
     rms_tolerance,
     tolerance,
@@ -690,9 +691,18 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
                 only=(BASELINE_MEMBER,) if family == "lazy" else None)
     with clock("bounds"):
         allowed, bias = _allowed_bias(inp)
-        model = error_model(inp.query, inp.key, inp.value, inp.grad_out if backward else None,
-                            allowed=allowed, bias=bias, scale=float(inp.effective_scale),
-                            dtype=case.dtype, tf32=tf32)
+        grad_out, scale = inp.grad_out if backward else None, float(inp.effective_scale)
+        # The float64 operands and exact softmax, computed once for error_model and
+        # ftz_allowance; several (B, Hq, Nq, Nk) float64 tensors, released once both ran.
+        exact = exact_operands(inp.query, inp.key, inp.value, grad_out, allowed=allowed,
+                               bias=bias, scale=scale)
+        model = error_model(inp.query, inp.key, inp.value, grad_out, allowed=allowed,
+                            bias=bias, scale=scale, dtype=case.dtype, tf32=tf32, exact=exact)
+        flush = None if strict_subnormals else ftz_allowance(
+            allowed, bias, (inp.query.shape[0], inp.query.shape[1], inp.query.shape[2],
+                            inp.key.shape[2]), inp.key.shape[1], inp.query.dtype,
+            operands=(inp.query, inp.key, inp.value, grad_out, scale), exact=exact)
+        del exact
         # Copies stay on the device (metrics there are the bulk of a small case's time on
         # a GPU); the originals are poisoned below.
         ref = {n: t.to(torch.float64, copy=True) for n, t in ref_dev.items()}
@@ -705,11 +715,6 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
                 n_eff[n] = effective_samples(base_err_t[n], model[n].n_sources)
 
         flushed: dict[str, torch.Tensor] = {}
-        flush = None if strict_subnormals else ftz_allowance(
-            allowed, bias, (inp.query.shape[0], inp.query.shape[1], inp.query.shape[2],
-                            inp.key.shape[2]), inp.key.shape[1], inp.query.dtype,
-            operands=(inp.query, inp.key, inp.value, inp.grad_out if backward else None,
-                      float(inp.effective_scale)))
 
         def tolerances(errs: dict, ftz: dict) -> tuple[dict, dict]:
             """Tolerances, RMSE tolerances, and in ``flushed`` the elements in the
