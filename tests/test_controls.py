@@ -275,3 +275,24 @@ def test_split_kv_is_judged_by_more_than_one_split_count():
     ctl = importlib.import_module("flashcheck.verify.controls.split_kv").attention
     v = check_case(ctl, case, "cpu")
     assert v.status == "pass" and v.tensors["dq"].member == "split_kv_halves", v.summary()
+
+
+def test_sixteen_key_tiles_are_a_member_for_fp32():
+    """The blocked controls (16-key tiles) on fp32 constant_rows, dO = 1, scale 3.5, D 8:
+    dq 2.2e-5, 4.5x the widest-tiled members' (4.8e-6 with 128 keys, 3.7e-7 with 32): the
+    per-tile rescales round coherently when every query row is the same, so the tile width
+    sets the error. fa2_128x16 makes the controls' error and is what judges them; without
+    it both controls fail at 1.11x."""
+    from pathlib import Path
+
+    from flashcheck.reference.family import family_members
+    from flashcheck.verify.cases import load_case_file
+    from flashcheck.verify.check import check_case
+
+    assert "fa2_128x16" in family_members("float32", gqa=False, tf32=False)
+    assert "fa2_128x16" not in family_members("bfloat16", gqa=False, tf32=False)
+    case, _ = load_case_file(Path(__file__).parent / "data" / "blocked_control_fp32_tile16.json")
+    for name in ("blocked_fa2", "fa1_order"):
+        ctl = importlib.import_module(f"flashcheck.verify.controls.{name}").attention
+        v = check_case(ctl, case, "cpu")
+        assert v.status == "pass" and v.tensors["dq"].member == "fa2_128x16", v.summary()
