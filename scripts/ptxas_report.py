@@ -41,7 +41,7 @@ import torch
 _ROOT = Path(__file__).resolve().parent.parent
 H200_SMEM = 232448  # the H200's opt-in shared memory per block (bytes)
 SHAPE = dict(B=16, H=16, N=4096)  # the benchmark shape (kernels.bench, sweep_hopper)
-SHOWN = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "TMA", "WS", "REVERSE", "BAND", "ATOMIC_DQ")
+SHOWN = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "TMA", "WS", "REVERSE", "BAND", "ATOMIC_DQ", "ROWS")
 KERNELS = {"fwd": "_fwd_kernel_impl", "dkdv": "_bwd_dkdv_kernel_impl",
            "dq": "_bwd_dq_kernel_impl"}
 
