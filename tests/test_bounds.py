@@ -572,6 +572,55 @@ def test_forward_flush_depends_on_tile_order_and_is_allowed():
     assert (bad.status, bad.failure) == ("fail", "numerical") and not bad.tensors["dq"].passed
 
 
+def test_fp16_backward_operand_flush_is_bounded_by_the_terms_that_can_flush():
+    """fp16, D 1, bottom-right window, q and k normal(0.1), dO normal(1): many dS_ij are
+    below fp16's smallest normal (6.1e-5). The flush_to_zero control (16-key tiles) flushes
+    other ones than the ftz member (one 128-key tile) and its dq is 2.38e-4 where the exact
+    value is 2.47e-4: 2.56x the member-based tolerance. The bound over the terms whose exact
+    value can flush (verify/bounds.py, _operand_flush_fp16) covers it; strict subnormals and
+    2.5x the control's error still fail."""
+    case = Case(B=1, Hq=2, Hkv=2, Nq=12, Nk=47, D=1, dtype="float16", window=(-1, 0),
+                causal_alignment="bottom_right", dist={"kind": "normal", "sigma": 0.1},
+                grad_dist={"kind": "normal", "sigma": 1.0}, seed=3089315)
+    spec = "verify/controls/flush_to_zero.py:attention"
+    v = check_case(spec, case, "cpu")
+    assert v.status == "pass", v.summary()
+    assert check_case(spec, case, "cpu", strict_subnormals=True).status == "fail"
+    from flashcheck.verify.controls.flush_to_zero import attention as ftz
+
+    bad = check_case(amplified(ftz, 2.5), case, "cpu")
+    assert (bad.status, bad.failure) == ("fail", "numerical") and not bad.tensors["dq"].passed
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fp16_operand_flush_bound_holds_for_every_flushed_subset(seed):
+    """The derivation of _operand_flush_fp16 in exact arithmetic: zero a random subset of the
+    dS_ij and P_ij below 2·tiny (as operands of dS@K, dSᵀQ, PᵀdO): dq, dk, dv change within
+    the bound; the bound is zero where no operand is that small."""
+    from flashcheck.verify.bounds import _operand_flush_fp16, exact_operands
+
+    g = torch.Generator().manual_seed(seed)
+    b, h, n, d, scale = 1, 2, 30, 4, 0.3
+    q, k, v, do = (torch.randn(b, h, n, d, generator=g, dtype=torch.float64) * f
+                   for f in (0.1, 0.1, 1.0, 1.0))
+    allowed = torch.ones(1, 1, n, n, dtype=torch.bool)
+    tiny = 0.05  # a threshold that many dS and P (about 1/30 each) fall under
+    ex = exact_operands(q, k, v, do, allowed=allowed, bias=None, scale=scale)
+    p = ex.softmax[5]
+    ds = p * (do @ v.transpose(-1, -2) - (do * (p @ v)).sum(-1, keepdim=True))
+    pick = torch.rand(p.shape, generator=g, dtype=torch.float64) < 0.5
+    ds_f = torch.where((ds.abs() < tiny) & pick, 0.0, ds)
+    p_f = torch.where((p < tiny) & pick, 0.0, p)
+    bound = _operand_flush_fp16(allowed, None, h, tiny, (q, k, v, do, scale), exact=ex)
+    changes = {"dq": scale * (ds_f - ds) @ k, "dk": scale * (ds_f - ds).transpose(-1, -2) @ q,
+               "dv": (p_f - p).transpose(-1, -2) @ do}
+    for name, change in changes.items():
+        assert bool((change.abs() <= bound[name] * (1 + 1e-9) + 1e-18).all()), name
+        assert float(change.abs().max()) > 0, name
+    none = _operand_flush_fp16(allowed, None, h, 1e-30, (q, k, v, do, scale), exact=ex)
+    assert all(float(t.abs().max()) == 0.0 for t in none.values())
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_forward_flush_bound_holds_for_every_dropped_subset(seed):
     """The derivation of _forward_flush in exact arithmetic: drop a random subset of the

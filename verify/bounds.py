@@ -586,10 +586,12 @@ def ftz_allowance(allowed: torch.Tensor, bias: torch.Tensor | None, shape: tuple
     PᵀdO by less than tiny·|V_jd| (|K_jd|·scale, |Q_id|·scale, |dO_id|), summed over the
     live terms. The product itself need not underflow (bf16 dO = tiny, scale 3.6: dk 0
     where the exact value is 1.4e-37, 12 smallest normals, each dS_ij flushed; the member's
-    own flushing kept dS just above the threshold there). fp16's smallest normal is 6.1e-5:
-    its flushed backward operands are the ``ftz`` member's to explain, never this bound's.
-    With ``operands``, whatever the dtype, the forward's flushed P and what they move in the
-    backward through D_i = rowsum(dO·O) (:func:`_forward_flush`). ``exact``, with
+    own flushing kept dS just above the threshold there). fp16's smallest normal is 6.1e-5,
+    so that blanket (tiny times every live term) would cover every small fp16 gradient;
+    there the flushed backward operands are bounded by the exact ones that can flush
+    (:func:`_operand_flush_fp16`). With ``operands``, whatever the dtype, the forward's
+    flushed P and what they move in the backward through D_i = rowsum(dO·O)
+    (:func:`_forward_flush`). ``exact``, with
     ``operands`` only: :func:`exact_operands` of them (with ``allowed``, ``bias`` and their
     scale), whose float64 operands and softmax then serve here instead of new ones."""
     b, hq, nq, nk = shape
@@ -642,7 +644,42 @@ def ftz_allowance(allowed: torch.Tensor, bias: torch.Tensor | None, shape: tuple
         for name, extra in _forward_flush(allowed, bias, hkv, tiny_in, operands,
                                           exact=exact).items():
             allow[name] = allow[name] + extra
+        if tiny_in > TINY_ACC and operands[3] is not None:
+            for name, extra in _operand_flush_fp16(allowed, bias, hkv, tiny_in, operands,
+                                                   exact=exact).items():
+                allow[name] = allow[name] + extra
     return allow
+
+
+# fp16 backward operands flushed: P_ij (read again as the operand of PᵀdO) and dS_ij (of
+# dS@K and dSᵀQ) are rounded to fp16, and a kernel that flushes drops those below its smallest
+# normal, 6.1e-5. Which ones depends on the kernel's own rounding near the threshold (the
+# flush_to_zero control, 16-key tiles, and the ftz member, one 128-key tile, flush different
+# dS_ij), so the bound takes every term whose exact value is below 2·tiny (2: a kernel's
+# operand within a factor 2 of the exact one near the threshold) and drops it at its own
+# size: dq_i moves by at most scale·Σ_j |dS_ij| |K_j| over those terms, dk_j by
+# scale·Σ_i |dS_ij| |Q_i|, dv_j by Σ_i P_ij |dO_i|. Zero where no operand is that small; at
+# most the gradient's own share from those terms (fp16, D 1, window, q and k normal(0.1):
+# dq 2.38e-4 where the exact value is 2.47e-4, the control's flushed dS; this bound covers it,
+# the ftz member's error did not: 3.4e-6 against 8.8e-6).
+def _operand_flush_fp16(allowed: torch.Tensor, bias: torch.Tensor | None, hkv: int,
+                        tiny: float, operands: tuple, *, exact: Exact | None = None
+                        ) -> dict[str, torch.Tensor]:
+    """The fp16 backward operands' share of :func:`ftz_allowance` (above): dq, dk, dv.
+    ``exact``: :func:`exact_operands` of ``operands`` (built here when None)."""
+    scale = operands[4]
+    if exact is None:
+        exact = exact_operands(*operands[:4], allowed=allowed, bias=bias, scale=scale)
+    q, k, v, do64 = exact.q, exact.k, exact.v, exact.do
+    _, ok, _, _, _, p = exact.softmax
+    dp = do64 @ v.transpose(-1, -2)
+    drow = (do64 * (p @ v)).sum(-1, keepdim=True)
+    ds = (p * (dp - drow)).abs()
+    ds = torch.where(ok & (ds < 2 * tiny), ds, torch.zeros_like(ds))
+    pf = torch.where(ok & (p < 2 * tiny), p, torch.zeros_like(p))
+    return {"dq": scale * (ds @ k.abs()),
+            "dk": _group_sum(scale * (ds.transpose(-1, -2) @ q.abs()), hkv),
+            "dv": _group_sum(pf.transpose(-1, -2) @ do64.abs(), hkv)}
 
 
 # A kernel flushing the forward's unnormalised p_ij = exp(s_ij − m) as it converts it to the
