@@ -31,7 +31,7 @@ DS_SCALES = ("after_round", "before_round")
 NORMALIZES = ("divide", "reciprocal")
 EXP_ACCURACIES = ("library", "approx")
 TF32_ROUNDINGS = ("nearest", "truncate")
-BWD_SCORES = ("as_forward", "k16")
+BWD_SCORES = ("as_forward", "k16", "k8", "k1")
 ACCUMULATES = ("blocked", "fma_chain")
 FP32_DOTS = ("ieee", "3xtf32")
 

@@ -16,7 +16,8 @@ each member, real kernels that make its choice.
   the :data:`OPT_IN` members (``q_prescaled``,
   ``q_exp2_prescaled``, ``split_kv``, ``bwd_scores_k16``, ``qk_sqrt_scaled``,
   ``fp32_fma_chain``, ``fp32_3xtf32``) only when the kernel declares them (the last two
-  for fp32 inputs without TF32 only).
+  for fp32 inputs without TF32 only); declaring ``split_kv`` brings ``split_kv_halves``,
+  declaring ``bwd_scores_k16`` brings ``bwd_scores_k8`` and ``bwd_scores_k1``.
 - ``run_family(query, key, value, grad_out, ...)``: every member on the same inputs; per
   member the output and (with ``grad_out``) dq, dk, dv, exactly as
   ``online_attention(..., **kwargs)`` and autograd with that ``grad_out`` give them.
@@ -62,6 +63,8 @@ FAMILY: dict[str, dict] = {
     "exp2_approx": dict(_BASE, scale_at="exp2", exp_accuracy="approx"),
     "tf32_truncated": dict(_BASE, tf32=True, tf32_rounding="truncate"),
     "bwd_scores_k16": dict(_BASE, bwd_scores="k16"),
+    "bwd_scores_k8": dict(_BASE, bwd_scores="k8"),
+    "bwd_scores_k1": dict(_BASE, bwd_scores="k1"),
     "split_kv": dict(block_m=128, block_n=16, kv_splits=4),
     "split_kv_halves": dict(block_m=128, block_n=16, kv_splits=2),
     "fp32_fma_chain": dict(_BASE, accumulate="fma_chain", gqa_reduce="group_fp32"),
@@ -180,6 +183,19 @@ FAMILY_NOTES: dict[str, str] = {
                       "in each pass): fp32, logits ~1e4, dv 1.06x the rule without it "
                       "(sdpa-varlen, CPU); the scores' rounding at |s| ~1e4 is ~1e-3, which "
                       "P turns into a relative error that dV and dK inherit",
+    "bwd_scores_k8": "bwd_scores_k16's choice in steps of 8, the K of the m16n8k8 MMAs (fp16, "
+                     "and TF32 for fp32) and of a TF32 wgmma. One summation order is one "
+                     "draw of the two roundings' difference: where rows are alike (constant "
+                     "rows: every query row's P off by the same amount) it adds coherently "
+                     "into dV and one order can be lucky (steps of 16 over D 40 summing "
+                     "exactly where steps of 8 do not: dv 4.2x apart, fp32 constant_rows, "
+                     "the bwd_scores_reordered control at 1.16-1.53x the rule); declared "
+                     "with bwd_scores_k16",
+    "bwd_scores_k1": "bwd_scores_k16's choice one product at a time, a fused multiply-add per "
+                     "product (a CUDA-core or scalar dot in the backward, a GEMM in the "
+                     "forward): the longest chain of roundings, up to 6x the k16/k8 members' "
+                     "dq at fp32 logits ~1e3, D 7 (where steps of 8 or 16 reorder nothing); "
+                     "declared with bwd_scores_k16",
 }
 
 # Switches that change only the backward (the forward of members differing in them is shared).
@@ -199,9 +215,10 @@ _LOOP_KEYS = dict(block_m=128, block_n=128, order="fa2")
 # - split_kv: the merge weights carry each split's lse rounded at |lse|, u·|lse| ~ 4e-3 at
 #   fp32 logits of 5e4, which the unsplit rescales cancel: 1.7e3x the other members' out
 #   error and 172x their dq there (split-KV decode kernels declare it; ours does).
-# - bwd_scores_k16: P = exp(S_bwd − lse) off by two roundings of scores at |s|: up to 18.6x
-#   the others' dv and 8.6x their dk on fp32 cases (PyTorch's CPU flash SDPA makes it; the
-#   sdpa-varlen peer declares it).
+# - bwd_scores_k16 (with bwd_scores_k8 and bwd_scores_k1, three orders of the backward's
+#   QKᵀ: one order alone is one draw of its difference from the forward's): P = exp(S_bwd −
+#   lse) off by two roundings of scores at |s|: up to 18.6x the others' dv and 8.6x their dk
+#   on fp32 cases (PyTorch's CPU flash SDPA makes it; the sdpa-varlen peer declares it).
 # - qk_sqrt_scaled: Q·√scale and K·√scale rounded in fp32 perturb every score by ~u_acc·|s|:
 #   3.4x the other members' dq at fp32 logits ~1e4 (the sdpa-math builtin declares it).
 # - fp32_fma_chain: a running sum of n terms loses up to n·u_acc of its mass where a blocked
@@ -215,7 +232,8 @@ OPT_IN = ("q_prescaled", "q_exp2_prescaled", "split_kv", "bwd_scores_k16", "qk_s
 
 # An opt-in choice judged by more than one member (the split count of split-KV is each
 # kernel's own): declaring the choice brings all of them.
-_OPT_IN_MEMBERS = {"split_kv": ("split_kv", "split_kv_halves")}
+_OPT_IN_MEMBERS = {"split_kv": ("split_kv", "split_kv_halves"),
+                   "bwd_scores_k16": ("bwd_scores_k16", "bwd_scores_k8", "bwd_scores_k1")}
 # Every member that is judged only when declared.
 OPT_IN_MEMBERS = tuple(m for c in OPT_IN for m in _OPT_IN_MEMBERS.get(c, (c,)))
 

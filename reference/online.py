@@ -203,10 +203,13 @@ def _flush(x: torch.Tensor, tiny: float) -> torch.Tensor:
     return torch.where(x.abs() < tiny, x * 0, x)
 
 
-# The k-step of ``bwd_scores="k16"``: 16, the K of an fp16/bf16 MMA instruction (m16n8k16)
-# and of Triton's smallest tl.dot; a backward that recomputes QKᵀ in such steps sums the
-# head dim in another order than a forward that used one GEMM call (or wider steps).
-K_STEP = 16
+# The k-steps of ``bwd_scores``: "k16" sums in steps of 16, the K of an fp16/bf16 MMA
+# instruction (m16n8k16) and of Triton's smallest tl.dot; "k8" in steps of 8, the K of the
+# m16n8k8 MMAs (fp16, and TF32 for fp32 inputs) and of a TF32 wgmma; "k1" one product at a
+# time, a fused multiply-add per element (a CUDA-core or scalar dot). A backward that
+# recomputes QKᵀ in such steps sums the head dim in another order than a forward that used
+# one GEMM call (or wider steps).
+K_STEPS = {"k16": 16, "k8": 8, "k1": 1}
 
 
 class _Arith:
@@ -244,7 +247,7 @@ class _Arith:
         self.to_tf32 = truncate_tf32 if tf32_rounding == "truncate" else round_tf32
         self.approx_exp = exp_accuracy == "approx"
         self.kv_splits = kv_splits
-        self.bwd_k_steps = bwd_scores == "k16"
+        self.bwd_k_step = K_STEPS.get(bwd_scores, 0)  # 0: the forward's product
         # A running sum is a rounding model of fp32 accumulators only (float64 is exact here).
         self.fma_chain = accumulate == "fma_chain" and self.acc == torch.float32
         self.x3tf32 = fp32_dot == "3xtf32"
@@ -318,14 +321,21 @@ class _Arith:
         return self.ftz(torch.matmul(a, b))
 
     def mm_scores(self, a: torch.Tensor, b: torch.Tensor, backward: bool) -> torch.Tensor:
-        """QKᵀ of a tile: ``mm``; in the backward with ``bwd_scores="k16"``, a sum over the
-        head dim in steps of K_STEP, each step's product added in order to the accumulator
-        (an MMA's k-steps), so the backward's scores are another rounding of the forward's."""
-        if not (backward and self.bwd_k_steps) or a.shape[-1] <= K_STEP:
+        """QKᵀ of a tile: ``mm``; in the backward with ``bwd_scores="k16"``/``"k8"``, a sum
+        over the head dim in steps of 16/8 (``K_STEPS``), each step's product added in order
+        to the accumulator (an MMA's k-steps), with ``"k1"`` one fused multiply-add per
+        product (``_fma_chain``), so the backward's scores are another rounding of the
+        forward's."""
+        step = self.bwd_k_step
+        if not (backward and step) or a.shape[-1] <= step:
             return self.mm(a, b)
-        acc = self.mm(a[..., :K_STEP], b[..., :K_STEP, :])
-        for i in range(K_STEP, a.shape[-1], K_STEP):
-            acc = self.ftz(acc + self.mm(a[..., i:i + K_STEP], b[..., i:i + K_STEP, :]))
+        if step == 1:
+            zero = torch.zeros(a.shape[:-1] + b.shape[-1:], dtype=self.acc, device=a.device)
+            return _fma_chain(self, zero, ((a[..., i:i + 1], b[..., i:i + 1, :])
+                                           for i in range(a.shape[-1])))
+        acc = self.mm(a[..., :step], b[..., :step, :])
+        for i in range(step, a.shape[-1], step):
+            acc = self.ftz(acc + self.mm(a[..., i:i + step], b[..., i:i + step, :]))
         return acc
 
 
@@ -926,9 +936,10 @@ def online_attention(
       without splits. Only the forward changes: the backward is the FA2 backward from the
       merged O and lse.
     - ``bwd_scores``: ``"as_forward"`` the backward recomputes QKᵀ with the forward's
-      product, bit for bit; ``"k16"`` it sums the head dim in steps of 16 (``K_STEP``), so
-      P = exp(S_bwd − lse) uses another rounding of each score than the lse did and no
-      longer sums to exactly 1 (a backward kernel with its own GEMM blocking or MMA k-steps).
+      product, bit for bit; ``"k16"`` (``"k8"``, ``"k1"``) it sums the head dim in steps of
+      16 (8, 1: one fused multiply-add per product) (``K_STEPS``), so P = exp(S_bwd − lse)
+      uses another rounding of each score than the lse did and no longer sums to exactly 1
+      (a backward kernel with its own GEMM blocking or MMA k-steps).
     - ``accumulate``: ``"blocked"`` each tile's product summed by a matmul, then added to
       the accumulator; ``"fma_chain"`` (fp32 accumulators; float64 stays exact) the
       backward's dQ, dK and dV each one running fp32 sum, one fused multiply-add per product

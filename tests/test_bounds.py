@@ -609,13 +609,13 @@ def test_fp16_operand_flush_bound_holds_for_every_flushed_subset(seed):
     pick = torch.rand(p.shape, generator=g, dtype=torch.float64) < 0.5
     ds_f = torch.where((ds.abs() < tiny) & pick, 0.0, ds)
     p_f = torch.where((p < tiny) & pick, 0.0, p)
-    bound = _operand_flush_fp16(allowed, None, h, tiny, (q, k, v, do, scale), exact=ex)
+    bound = _operand_flush_fp16(h, tiny, scale, ex)
     changes = {"dq": scale * (ds_f - ds) @ k, "dk": scale * (ds_f - ds).transpose(-1, -2) @ q,
                "dv": (p_f - p).transpose(-1, -2) @ do}
     for name, change in changes.items():
         assert bool((change.abs() <= bound[name] * (1 + 1e-9) + 1e-18).all()), name
         assert float(change.abs().max()) > 0, name
-    none = _operand_flush_fp16(allowed, None, h, 1e-30, (q, k, v, do, scale), exact=ex)
+    none = _operand_flush_fp16(h, 1e-30, scale, ex)
     assert all(float(t.abs().max()) == 0.0 for t in none.values())
 
 
@@ -624,7 +624,7 @@ def test_forward_flush_bound_holds_for_every_dropped_subset(seed):
     """The derivation of _forward_flush in exact arithmetic: drop a random subset of the
     forward's terms with e_ij < 2·tiny from O (l kept), recompute D = rowsum(dO·O) and
     dq = scale·dS@K, dk = scale·dSᵀQ from the exact P: the changes stay within the bound."""
-    from flashcheck.verify.bounds import _forward_flush
+    from flashcheck.verify.bounds import _forward_flush, exact_operands
 
     g = torch.Generator().manual_seed(seed)
     b, h, n, d, scale = 1, 2, 40, 8, 0.5
@@ -648,7 +648,8 @@ def test_forward_flush_bound_holds_for_every_dropped_subset(seed):
 
     o, o_f = p @ v, torch.where(dropped, 0.0, p) @ v
     (dq, dk), (dq_f, dk_f) = grads(o), grads(o_f)
-    bound = _forward_flush(allowed, None, h, tiny, (q, k, v, do, scale))
+    ex = exact_operands(q, k, v, do, allowed=allowed, bias=None, scale=scale)
+    bound = _forward_flush(h, tiny, (q, k, v, do, scale), ex)
     for name, change in (("out", o_f - o), ("dq", dq_f - dq), ("dk", dk_f - dk)):
         assert bool((change.abs() <= bound[name] * (1 + 1e-9) + 1e-15).all()), name
         assert float(bound[name].max()) < 50 * float(change.abs().max()), name  # not vacuous
@@ -721,7 +722,7 @@ def test_shared_exact_operands_give_bitwise_equal_bounds(seed, spec):
     for n, want in want_flush.items():
         assert torch.equal(flush[n], want), n
     assert all(torch.equal(t, t0) for t, t0 in zip(shared, before, strict=True))
-    forward = _forward_flush(allowed, bias, hkv, torch.finfo(dtype).tiny, ops, exact=exact)
+    forward = _forward_flush(hkv, torch.finfo(dtype).tiny, ops, exact)
     if spec[9] >= 8.0:  # large logits: some forward terms fall below the threshold
         assert bool((forward["out"] > 0).any())
 

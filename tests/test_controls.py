@@ -40,7 +40,7 @@ CHOICE_CASES = {
     # 48 keys: 3 tiles of 16, one per split
     "split_kv": dict(Nk=48, **GRAD),
     # D = 32: four steps of 8 in the backward's QKᵀ against the forward's one product
-    "bwd_scores_reordered": dict(Nk=48, D=32, dtype="float32", **GRAD),
+    "bwd_scores_reordered": dict(Nk=48, D=48, dtype="float32", **GRAD),
 }
 
 
@@ -115,6 +115,32 @@ def test_backward_scores_reordered_is_judged_by_its_member():
     v = check_case(ctl, case, "cpu", family="full")
     assert v.status == "pass", v.summary()
     assert v.tensors["dv"].member == "bwd_scores_k16"
+
+
+def test_backward_scores_in_steps_of_8_are_a_member(monkeypatch):
+    """fp32 constant_rows, D 40, GQA (the controls campaign at seed 68418937): every query
+    row the same, so every row's P is off by the same difference of two roundings of the
+    scores and dV sums it coherently over the rows. Steps of 16 happen to round little there
+    (dv 1.4e-5) where steps of 8 do not (5.9e-5): a backward in steps of 8 failed at
+    1.16x against the k16 member alone and passes judged by ``bwd_scores_k8``; the control
+    (steps of 32, none of the members' orders) passes too."""
+    from pathlib import Path
+
+    from flashcheck.reference import family
+    from flashcheck.verify.cases import load_case_file
+    from flashcheck.verify.check import check_case
+
+    mod = importlib.import_module("flashcheck.verify.controls.bwd_scores_reordered")
+    case, _ = load_case_file(Path(__file__).parent / "data"
+                             / "bwd_scores_control_fp32_constant_rows.json")
+    v = check_case(mod.attention, case, "cpu")
+    assert v.status == "pass", v.summary()
+    monkeypatch.setattr(mod, "_STEP", 8)
+    v = check_case(mod.attention, case, "cpu", family="full")
+    assert v.status == "pass" and v.tensors["dv"].member == "bwd_scores_k8", v.summary()
+    monkeypatch.delitem(family.FAMILY, "bwd_scores_k8")
+    v = check_case(mod.attention, case, "cpu")
+    assert v.status == "fail" and not v.tensors["dv"].passed, v.summary()
 
 
 def test_math_sdpa_sqrt_scale_split_is_judged_by_its_member():

@@ -473,22 +473,25 @@ def test_kv_splits_rejected_with_its_name():
             reference.online_attention(**kw, kv_splits=bad)
 
 
-@pytest.mark.parametrize(("D", "changes"), [(16, False), (48, True)])
-def test_bwd_scores_k16_changes_the_backward_only(D, changes):
-    """``bwd_scores="k16"``: the forward (out, lse) is the default's bit for bit; the
-    backward's QKᵀ is summed in steps of 16 over the head dim, the same product when D <= 16
-    and another rounding of it above; either way the gradients stay within a few fp32
-    roundoffs (relative 2^-18 = 64 u_fp32 of the largest gradient: D = 48 terms per score,
-    each a rounding, times the P·(dP - delta) factors of order 1 here)."""
+@pytest.mark.parametrize(("order", "D", "changes"),
+                         [("k16", 16, False), ("k16", 48, True), ("k8", 8, False),
+                          ("k8", 20, True), ("k1", 1, False), ("k1", 5, True)])
+def test_bwd_scores_k_steps_change_the_backward_only(order, D, changes):
+    """``bwd_scores="k16"`` (``"k8"``, ``"k1"``): the forward (out, lse) is the default's bit
+    for bit; the backward's QKᵀ is summed in steps of 16 (8, 1) over the head dim, the same
+    product when D is one step and another rounding of it above; either way the gradients
+    stay within a few fp32 roundoffs (relative 2^-18 = 64 u_fp32 of the largest gradient: D
+    <= 48 terms per score, each a rounding, times the P·(dP - delta) factors of order 1)."""
     kw = make_problem(B=1, Hq=2, Hkv=1, Nq=20, Nk=40, D=D, seed=3, dtype=torch.float32,
                       is_causal=True)
     dout = torch.randn(kw["query"].shape, generator=torch.Generator().manual_seed(1))
 
-    def run(order):
+    def run(bwd_scores):
         return _grads(lambda **a: reference.online_attention(
-            **a, block_m=16, block_n=16, bwd_scores=order, return_lse=True), kw, dout, "cpu")
+            **a, block_m=16, block_n=16, bwd_scores=bwd_scores, return_lse=True), kw, dout,
+            "cpu")
 
-    base, other = run("as_forward"), run("k16")
+    base, other = run("as_forward"), run(order)
     assert torch.equal(base[0], other[0]) and torch.equal(base[1], other[1])
     same = [torch.equal(a, b) for a, b in zip(base[2], other[2], strict=True)]
     assert (not all(same)) == changes
@@ -499,4 +502,4 @@ def test_bwd_scores_k16_changes_the_backward_only(D, changes):
 def test_bwd_scores_rejected_with_its_name():
     kw = make_problem(B=1, Hq=1, Hkv=1, Nq=3, Nk=3, D=2, seed=0, dtype=torch.float16)
     with pytest.raises(ValueError, match=r"bwd_scores"):
-        reference.online_attention(**kw, bwd_scores="k8")
+        reference.online_attention(**kw, bwd_scores="k4")

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from flashcheck.verify.metrics import UNIT_ROUNDOFF, unit_roundoff
@@ -247,13 +248,22 @@ class Exact:
 
     ``q`` (B, Hq, Nq, D); ``k``, ``v`` (B, Hq, Nk, D), each kv head repeated over its
     query-head group; ``do`` like ``q``, or None without a backward; ``softmax`` is
-    :func:`_exact_softmax`'s (s, ok, m, e, denom, p), four of them (B, Hq, Nq, Nk)."""
+    :func:`_exact_softmax`'s (s, ok, m, e, denom, p), four of them (B, Hq, Nq, Nk).
+    ``o`` = P·V and ``dp`` = dO·Vᵀ are computed on first use, once for every reader."""
 
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
     do: torch.Tensor | None
     softmax: tuple[torch.Tensor, ...]
+
+    @cached_property
+    def o(self) -> torch.Tensor:
+        return self.softmax[5] @ self.v
+
+    @cached_property
+    def dp(self) -> torch.Tensor:
+        return self.do @ self.v.transpose(-1, -2)
 
 
 def exact_operands(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -321,7 +331,7 @@ def error_model(
 
     s, ok, m, e, denom, p = exact.softmax
     lse = torch.where(denom > 0, m + torch.log(denom), torch.full_like(denom, -torch.inf))
-    o = p @ v
+    o = exact.o
     av, ak, aq = v.abs(), k.abs(), q.abs()
     eps_ap = U_APPROX * (1.0 + torch.log(torch.clamp(denom, min=1.0)))  # (see U_APPROX)
     n_src = source_count(s, d)
@@ -425,7 +435,7 @@ def error_model(
 
     do = exact.do
     ado = do.abs()
-    dp = do @ v.transpose(-1, -2)
+    dp = exact.dp
     drow = (do * o).sum(-1, keepdim=True)
     ds = p * (dp - drow)
     ads = ds.abs()
@@ -593,7 +603,7 @@ def ftz_allowance(allowed: torch.Tensor, bias: torch.Tensor | None, shape: tuple
     flushed P and what they move in the backward through D_i = rowsum(dO·O)
     (:func:`_forward_flush`). ``exact``, with
     ``operands`` only: :func:`exact_operands` of them (with ``allowed``, ``bias`` and their
-    scale), whose float64 operands and softmax then serve here instead of new ones."""
+    scale), whose float64 operands and softmax then serve here (built here when None)."""
     b, hq, nq, nk = shape
     live = allowed if bias is None else allowed & (bias > -math.inf)
     live = live.expand(b, hq, nq, nk)
@@ -606,24 +616,24 @@ def ftz_allowance(allowed: torch.Tensor, bias: torch.Tensor | None, shape: tuple
     per_head = (hq // hkv) * tiny_in if hq != hkv and tiny_in <= TINY_ACC else 0.0
     rows = n_rows * TINY_ACC + per_head
     allow = {"out": n_keys * TINY_ACC, "dq": n_keys * TINY_ACC, "dk": rows, "dv": rows}
-    if exact is not None:
-        if operands is None:
+    if operands is None:
+        if exact is not None:
             raise ValueError("exact needs the operands it was built from")
+        return allow
+    if exact is None:
+        exact = exact_operands(*operands[:4], allowed=allowed, bias=bias, scale=operands[4])
+    else:
         _check_exact(exact, operands[0], operands[1], operands[3])
-    if operands is not None and tiny_in <= TINY_ACC:
-        q, k, v, do, scale = operands
+    if tiny_in <= TINY_ACC:
+        q, _, _, do, scale = operands
         w = live.to(torch.float64)
-        if exact is None:
-            k, v = (_expand_kv(t.to(torch.float64).abs(), hq) for t in (k, v))
-            aq = q.to(torch.float64).abs()
-        else:  # |x| commutes with the head expansion: the same values
-            k, v, aq = exact.k.abs(), exact.v.abs(), exact.q.abs()
+        k, v, aq = exact.k.abs(), exact.v.abs(), exact.q.abs()
         allow["out"] = allow["out"] + tiny_in * (w @ v)
         allow["dq"] = allow["dq"] + tiny_in * scale * (w @ k)
         allow["dk"] = allow["dk"] + _group_sum(tiny_in * scale * (w.transpose(-1, -2) @ aq),
                                                hkv)
         if do is not None:
-            ado = (do.to(torch.float64) if exact is None else exact.do).abs()
+            ado = exact.do.abs()
             allow["dv"] = allow["dv"] + _group_sum(tiny_in * (w.transpose(-1, -2) @ ado), hkv)
             # Products flushed inside the intermediate sums dP_ij = dO_i·V_j and D_i = dO_i·O_i
             # (|O_id| <= max_j |V_jd|, O being a convex combination of V's rows): each sum
@@ -640,14 +650,11 @@ def ftz_allowance(allowed: torch.Tensor, bias: torch.Tensor | None, shape: tuple
             allow["dq"] = allow["dq"] + scale * (d_p @ k + d_d * kmax)
             allow["dk"] = allow["dk"] + _group_sum(
                 scale * ((d_p + d_d * w).transpose(-1, -2) @ aq), hkv)
-    if operands is not None:
-        for name, extra in _forward_flush(allowed, bias, hkv, tiny_in, operands,
-                                          exact=exact).items():
+    for name, extra in _forward_flush(hkv, tiny_in, operands, exact).items():
+        allow[name] = allow[name] + extra
+    if tiny_in > TINY_ACC and operands[3] is not None:
+        for name, extra in _operand_flush_fp16(hkv, tiny_in, operands[4], exact).items():
             allow[name] = allow[name] + extra
-        if tiny_in > TINY_ACC and operands[3] is not None:
-            for name, extra in _operand_flush_fp16(allowed, bias, hkv, tiny_in, operands,
-                                                   exact=exact).items():
-                allow[name] = allow[name] + extra
     return allow
 
 
@@ -662,19 +669,14 @@ def ftz_allowance(allowed: torch.Tensor, bias: torch.Tensor | None, shape: tuple
 # most the gradient's own share from those terms (fp16, D 1, window, q and k normal(0.1):
 # dq 2.38e-4 where the exact value is 2.47e-4, the control's flushed dS; this bound covers it,
 # the ftz member's error did not: 3.4e-6 against 8.8e-6).
-def _operand_flush_fp16(allowed: torch.Tensor, bias: torch.Tensor | None, hkv: int,
-                        tiny: float, operands: tuple, *, exact: Exact | None = None
+def _operand_flush_fp16(hkv: int, tiny: float, scale: float, exact: Exact
                         ) -> dict[str, torch.Tensor]:
-    """The fp16 backward operands' share of :func:`ftz_allowance` (above): dq, dk, dv.
-    ``exact``: :func:`exact_operands` of ``operands`` (built here when None)."""
-    scale = operands[4]
-    if exact is None:
-        exact = exact_operands(*operands[:4], allowed=allowed, bias=bias, scale=scale)
-    q, k, v, do64 = exact.q, exact.k, exact.v, exact.do
+    """The fp16 backward operands' share of :func:`ftz_allowance` (above): dq, dk, dv, from
+    ``exact`` (:func:`exact_operands` of the case, with dO)."""
+    q, k, do64 = exact.q, exact.k, exact.do
     _, ok, _, _, _, p = exact.softmax
-    dp = do64 @ v.transpose(-1, -2)
-    drow = (do64 * (p @ v)).sum(-1, keepdim=True)
-    ds = (p * (dp - drow)).abs()
+    drow = (do64 * exact.o).sum(-1, keepdim=True)
+    ds = (p * (exact.dp - drow)).abs()
     ds = torch.where(ok & (ds < 2 * tiny), ds, torch.zeros_like(ds))
     pf = torch.where(ok & (p < 2 * tiny), p, torch.zeros_like(p))
     return {"dq": scale * (ds @ k.abs()),
@@ -698,20 +700,18 @@ def _operand_flush_fp16(allowed: torch.Tensor, bias: torch.Tensor | None, hkv: i
 # the threshold is fp32's (e_ij < 2.4e-38); on fp16 a row of n keys can lose up to n·6.1e-5 of
 # its mass (fp16, 59 causal keys, one of norm 607: dq 0 where the exact value is 0.0194 and
 # the ftz member's error is 0.0019; this bound 0.0278).
-def _forward_flush(allowed: torch.Tensor, bias: torch.Tensor | None, hkv: int, tiny: float,
-                   operands: tuple, *, exact: Exact | None = None) -> dict[str, torch.Tensor]:
+def _forward_flush(hkv: int, tiny: float, operands: tuple, exact: Exact
+                   ) -> dict[str, torch.Tensor]:
     """The forward flush's share of :func:`ftz_allowance` (above): out, and with dO, dq
-    and dk. ``exact``: :func:`exact_operands` of ``operands`` (built here when None)."""
+    and dk. ``exact``: :func:`exact_operands` of ``operands``."""
     _, _, _, do, scale = operands
-    if exact is None:
-        exact = exact_operands(*operands[:4], allowed=allowed, bias=bias, scale=scale)
     q, k, v = exact.q, exact.k, exact.v
     _, ok, _, e, _, p = exact.softmax
     pf = torch.where(ok & (e < 2 * tiny), p, torch.zeros_like(p))
     # The worst subset of F_i: all of a sum's positive terms, or all of its negative ones.
     extra = {"out": torch.maximum(pf @ v.clamp(min=0), pf @ (-v).clamp(min=0))}
     if do is not None:
-        x = pf * (exact.do @ v.transpose(-1, -2))
+        x = pf * exact.dp
         d_delta = torch.maximum(x.clamp(min=0).sum(-1, keepdim=True),
                                 (-x).clamp(min=0).sum(-1, keepdim=True))
         extra["dq"] = scale * d_delta * (p @ k).abs()

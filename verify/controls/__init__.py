@@ -64,7 +64,7 @@ CONTROLS: tuple[Control, ...] = (
             "exp2(s * scale_log2 - max_scaled) as one FFMA, O = acc * (1/l) (FA2 CUDA)"),
     Control("ds_scaled_before_round", "scale * dS rounded to the input dtype, not dS"),
     Control("split_kv", "split-KV forward: 3 key splits merged by their lse in fp32 (FA2 combine)"),
-    Control("bwd_scores_reordered", "backward recomputes QKᵀ in steps of 8 over the head dim"),
+    Control("bwd_scores_reordered", "backward recomputes QKᵀ in steps of 32 over the head dim"),
     Control("triton_fwd", "Triton forward, tiles of 16 (Triton mutant base)"),
     Control("triton_tile32", "Triton forward, tiles of 32"),
     Control("reference", "float64 oracle rounded to the input dtype", builtin=True),

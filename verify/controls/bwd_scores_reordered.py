@@ -5,16 +5,18 @@ forward's lse; it uses its own GEMM blocking or MMA k-steps, so its S is another
 the scores the lse came from (PyTorch's CPU flash SDPA backend: a cpublas GEMM per kv block
 in each pass). P then carries the difference of the two roundings, about u·|s| relative, and
 no longer sums to exactly 1 per row; at large logits (|s| ~ 1e4 in fp32) that is ~1e-3,
-which dV and dK inherit. Here the backward sums the head dim in steps of 8, one matmul per
-step added in order in fp32 (the family member ``bwd_scores_k16`` uses steps of 16); the
-forward is the blocked base's. The member is opt-in, declared here (``capabilities["family"]``).
-Its own code on the base's hooks. Correct.
+which dV and dK inherit. Here the backward sums the head dim in steps of 32 (a K loop of
+32-wide blocks, as a Triton GEMM's BLOCK_K), one matmul per step added in order in fp32; the
+family's members for the choice sum in steps of 16, 8 and 1 (``bwd_scores_k16``,
+``bwd_scores_k8``, ``bwd_scores_k1``), so this order is none of theirs. The forward is the
+blocked base's. The members are opt-in, declared here (``capabilities["family"]``). Its own
+code on the base's hooks. Correct.
 """
 
 from flashcheck.verify.mutants._blocked import BlockedAttention
 from flashcheck.verify.mutants._common import full_capabilities
 
-_STEP = 8  # not the member's 16: an independent order
+_STEP = 32  # none of the members' 16, 8, 1: an independent order
 
 
 class _BackwardScoresReordered(BlockedAttention):
