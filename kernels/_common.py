@@ -79,6 +79,16 @@ def dot_family(tf32: bool) -> tuple[str, ...]:
     return () if INTERPRET or tf32 else ("fp32_fma_chain",)
 
 
+def contraction_family() -> tuple[str, ...]:
+    """The opt-in choice (``bias_fma_split``) the compiler makes of our score line
+    ``s = qk * qk_scale + bias * log2(e)`` on NVIDIA GPUs: with floating-point contraction
+    (Triton's default) the forward keeps ``qk * qk_scale`` exact in one FMA with the rounded
+    bias term, the backward kernels keep ``bias * log2(e)`` exact with the rounded scaled
+    score (sm_90 PTX, triton 3.6), so the backward's P uses another rounding of each score
+    than the forward's lse. The interpreter rounds every operation."""
+    return () if INTERPRET else ("bias_fma_split",)
+
+
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 

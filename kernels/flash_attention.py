@@ -1095,7 +1095,7 @@ def capabilities(*, deterministic: bool = True, tf32: bool = False) -> dict:
         "not_run": {"cpu": {"bfloat16": BF16_INTERPRETER_REASON}} if INTERPRET else {},
         "deterministic_backward": deterministic,
         "tf32": tf32,
-        "family": _common.dot_family(tf32),
+        "family": _common.dot_family(tf32) + _common.contraction_family(),
     }
 
 

@@ -34,6 +34,7 @@ TF32_ROUNDINGS = ("nearest", "truncate")
 BWD_SCORES = ("as_forward", "k16", "k8", "k1")
 ACCUMULATES = ("blocked", "fma_chain")
 FP32_DOTS = ("ieee", "3xtf32")
+BIAS_FMAS = ("none", "split")
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,7 @@ import torch
 
 from ._validate import (
     ACCUMULATES,
+    BIAS_FMAS,
     BWD_SCORES,
     DS_SCALES,
     EXP_ACCURACIES,
@@ -226,7 +227,7 @@ class _Arith:
         ds_precision: str = "input", ds_scale: str = "after_round", tf32: bool = False,
         normalize: str = "divide", exp_accuracy: str = "library",
         tf32_rounding: str = "nearest", kv_splits: int = 1, bwd_scores: str = "as_forward",
-        accumulate: str = "blocked", fp32_dot: str = "ieee",
+        accumulate: str = "blocked", fp32_dot: str = "ieee", bias_fma: str = "none",
     ):
         if precision == "exact":
             self.operand = self.acc = torch.float64
@@ -251,6 +252,7 @@ class _Arith:
         # A running sum is a rounding model of fp32 accumulators only (float64 is exact here).
         self.fma_chain = accumulate == "fma_chain" and self.acc == torch.float32
         self.x3tf32 = fp32_dot == "3xtf32"
+        self.bias_split = bias_fma == "split"
 
     def ftz(self, x: torch.Tensor) -> torch.Tensor:
         """Flush accumulator-dtype subnormals to zero when flushing; else ``x`` itself."""
@@ -388,7 +390,8 @@ def _scores(ar: _Arith, p: Problem, qi, kj, attn_mask, rows, cols, backward=Fals
         fused = ar.mm_scores(qi, kt, backward).to(torch.float64) * c
         s = fused.to(ar.acc)
     elif ar.base2:
-        s = ar.mm_scores(qi, kt, backward) * c
+        raw = ar.mm_scores(qi, kt, backward)
+        s = raw * c
     else:
         s = ar.mm_scores(qi, kt, backward) * p.scale
     if not ar.fused:
@@ -406,6 +409,14 @@ def _scores(ar: _Arith, p: Problem, qi, kj, attn_mask, rows, cols, backward=Fals
         # exactly here against 1 ± 2^-11 in the control).
         fused = fused + bias.to(torch.float64) * LOG2E
         s = ar.ftz(fused.to(ar.acc))
+    elif bias is not None and ar.bias_split:
+        # One FMA per score, contracted two ways (bias_fma="split"): the forward keeps
+        # QKᵀ·c exact and adds the rounded bias·log2 e; the backward adds the exact
+        # bias·log2 e to the rounded QKᵀ·c. float64 holds each exact product (24 + 24 bits).
+        b64 = bias.to(torch.float64) * LOG2E
+        s = (s.to(torch.float64) + b64 if backward
+             else raw.to(torch.float64) * c + (bias.to(ar.acc) * LOG2E).to(torch.float64))
+        s = ar.ftz(s.to(ar.acc))
     elif bias is not None:
         s = s + (bias.to(ar.acc) * LOG2E if ar.base2 else bias.to(ar.acc))
     if fused is not None:
@@ -821,7 +832,7 @@ SWITCH_DEFAULTS = dict(
     gqa_reduce="per_head_fp32", flush_subnormals=False, scale_at="scores",
     p_precision="input", ds_precision="input", ds_scale="after_round", tf32=False,
     normalize="divide", exp_accuracy="library", tf32_rounding="nearest", kv_splits=1,
-    bwd_scores="as_forward", accumulate="blocked", fp32_dot="ieee",
+    bwd_scores="as_forward", accumulate="blocked", fp32_dot="ieee", bias_fma="none",
 )
 
 
@@ -849,7 +860,11 @@ def _make_arith(dtype, precision, **switches) -> _Arith:
         bwd_scores=check_choice("bwd_scores", sw["bwd_scores"], BWD_SCORES),
         accumulate=check_choice("accumulate", sw["accumulate"], ACCUMULATES),
         fp32_dot=check_choice("fp32_dot", sw["fp32_dot"], FP32_DOTS),
+        bias_fma=check_choice("bias_fma", sw["bias_fma"], BIAS_FMAS),
     )
+    if ar.bias_split and sw["scale_at"] != "exp2":
+        raise ValueError(f"bias_fma='split': only with scale_at='exp2' (the score in base 2 "
+                         f"as QKᵀ·c plus bias·log2 e); got scale_at={sw['scale_at']!r}")
     if ar.tf32 and (dtype != torch.float32 or precision != "emulate"):
         raise ValueError(
             f"tf32: only for float32 inputs with precision='emulate'; got {dtype} "
@@ -876,7 +891,7 @@ def online_attention(
     gqa_reduce="per_head_fp32", flush_subnormals=False, scale_at="scores",
     p_precision="input", ds_precision="input", ds_scale="after_round", tf32=False,
     normalize="divide", exp_accuracy="library", tf32_rounding="nearest", kv_splits=1,
-    bwd_scores="as_forward", accumulate="blocked", fp32_dot="ieee",
+    bwd_scores="as_forward", accumulate="blocked", fp32_dot="ieee", bias_fma="none",
 ):
     """Blocked online-softmax attention (contracts.md §1), FA2 or FA1 loop order.
 
@@ -954,6 +969,12 @@ def online_attention(
       TF32 part and a rounded TF32 remainder (``_mm_3xtf32``; CUTLASS's
       OpMultiplyAddFastF32, which PyTorch's memory-efficient SDPA uses for fp32 from sm80
       on), about 2^-20 relative per product.
+    - ``bias_fma`` (with ``scale_at="exp2"`` and an additive bias): ``"none"`` the score is
+      fl(fl(QKᵀ·c) + fl(bias·log2 e)) in both passes; ``"split"`` the forward rounds it once
+      as one FMA of the exact QKᵀ·c and fl(bias·log2 e), the backward as one FMA of the
+      exact bias·log2 e and fl(QKᵀ·c): the compiler contracted the same source line two
+      ways in two kernels, so the backward's P = 2^(S − lse) uses another rounding of each
+      score than the lse did (our Triton kernels on sm_90, fp32).
     """
     p = check_attention_args(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
@@ -968,7 +989,7 @@ def online_attention(
         scale_at=scale_at, p_precision=p_precision, ds_precision=ds_precision,
         ds_scale=ds_scale, tf32=tf32, normalize=normalize, exp_accuracy=exp_accuracy,
         tf32_rounding=tf32_rounding, kv_splits=kv_splits, bwd_scores=bwd_scores,
-        accumulate=accumulate, fp32_dot=fp32_dot,
+        accumulate=accumulate, fp32_dot=fp32_dot, bias_fma=bias_fma,
     )
     if precision == "exact":
         query, key, value = (t.to(torch.float64) for t in (query, key, value))

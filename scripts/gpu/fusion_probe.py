@@ -1,6 +1,6 @@
 """Our kernel's error on case files under compile-option variants (CUDA only).
 
-    python3 scripts/gpu/fusion_probe.py CASE.json [CASE.json ...] [--out JSON]
+    python3 scripts/gpu/fusion_probe.py CASE.json [CASE.json ...] [--out JSON] [--tensors DIR]
 
 For each case file: the case's inputs on the GPU, the exact (float64) out, lse and
 gradients, then our kernel's forward and backward in four variants: Triton's defaults;
@@ -8,7 +8,10 @@ floating-point contraction (FMA fusion) off in every kernel (``enable_fp_fusion=
 off in the forward only; off in the backward only (the delta preprocess, dK/dV and dQ
 kernels). Per variant: the largest absolute error of out, the base-2 lse, dq, dk and dv,
 and where the largest dq error sits. Which arithmetic the compiler chose is what moves
-between the variants; the kernel source is the same.
+between the variants; the kernel source is the same. ``--tensors DIR``: each variant's
+out, lse (base 2), dq, dk, dv saved as DIR/<case file stem>.<variant>.pt (CPU tensors), to
+compare with emulated choices on a machine without the GPU (the case's inputs materialize
+the same on the CPU).
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ def _run(fa, inp, fwd_fusion: bool, bwd_fusion: bool):
     return dict(out=out, lse=lse, dq=dq, dk=dk, dv=dv)
 
 
-def probe(path: str) -> dict:
+def probe(path: str, tensors: str | None = None) -> dict:
     from flashcheck.kernels import flash_attention as fa
     from flashcheck.verify.cases import load_case_file
     from flashcheck.verify.check import _reference
@@ -68,6 +71,11 @@ def probe(path: str) -> dict:
     res = {"case": case.short(), "variants": {}}
     for name, (f, b) in VARIANTS.items():
         got = _run(fa, inp, f, b)
+        if tensors:
+            from pathlib import Path
+            Path(tensors).mkdir(parents=True, exist_ok=True)
+            torch.save({t: x.detach().cpu() for t, x in got.items()},
+                       Path(tensors) / f"{Path(path).stem}.{name}.pt")
         row = {}
         for t, want in exact.items():
             g = got[t].to(torch.float64)
@@ -89,6 +97,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("cases", nargs="+")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--tensors", default=None, metavar="DIR",
+                    help="save each variant's out, lse, dq, dk, dv under DIR")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("fusion_probe needs a CUDA GPU", file=sys.stderr)
@@ -98,7 +108,7 @@ def main(argv=None) -> int:
     results = []
     for path in args.cases:
         print(f"== {path}", flush=True)
-        results.append(dict(probe(path), file=path))
+        results.append(dict(probe(path, args.tensors), file=path))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(dict(meta, results=results), f, indent=1)
