@@ -40,8 +40,12 @@ CHOICE_CASES = {
     "ds_scaled_before_round": dict(Nk=48, D=32, dtype="float16", **GRAD),
     # 48 keys: 3 tiles of 16, one per split
     "split_kv": dict(Nk=48, **GRAD),
-    # D = 32: four steps of 8 in the backward's QKᵀ against the forward's one product
+    # D = 48: steps of 32 and 16 in the backward's QKᵀ against the forward's one product
     "bwd_scores_reordered": dict(Nk=48, D=48, dtype="float32", **GRAD),
+    # an additive bias (without one the control is the base) and D = 32, whose scale
+    # 1/√32 is not a power of two (QKᵀ·scale would be exact)
+    "bias_fma_split": dict(Nk=48, D=32, dtype="float32", mask={"kind": "bias"},
+                           dist={"kind": "normal", "sigma": 3.0}, **GRAD),
 }
 
 
