@@ -21,23 +21,15 @@ from flashcheck.verify.mutants._common import full_capabilities
 class _BiasFmaSplit(BlockedAttention):
     # an opt-in member (reference/family.py OPT_IN): the kernel that makes the choice says so
     capabilities = full_capabilities(family=("bias_fma_split",))
-    _backward = False
 
     def logits(self, q, k_tile, bias, scale, dtype):
         raw = self.mm(q, k_tile.transpose(-1, -2))
         c = torch.tensor(scale, dtype=raw.dtype).item()  # the kernel's fp32 scale argument
-        if bias is None or self._backward:
+        if bias is None or self.in_backward:
             s = raw * c
             return s if bias is None else s + bias
         # one rounding of the exact product plus the bias (both fit float64 exactly)
         return (raw.to(torch.float64) * c + bias.to(torch.float64)).to(raw.dtype)
-
-    def backward(self, *args, **kwargs):
-        self._backward = True
-        try:
-            return super().backward(*args, **kwargs)
-        finally:
-            self._backward = False
 
 
 attention = _BiasFmaSplit()

@@ -22,10 +22,9 @@ _STEP = 32  # none of the members' 16, 8, 1: an independent order
 class _BackwardScoresReordered(BlockedAttention):
     # an opt-in member (reference/family.py OPT_IN): the kernel that makes the choice says so
     capabilities = full_capabilities(family=("bwd_scores_k16",))
-    _backward = False
 
     def logits(self, q, k_tile, bias, scale, dtype):
-        if not self._backward:
+        if not self.in_backward:
             return super().logits(q, k_tile, bias, scale, dtype)
         kt = k_tile.transpose(-1, -2)
         s = self.mm(q[..., :_STEP], kt[..., :_STEP, :])
@@ -33,13 +32,6 @@ class _BackwardScoresReordered(BlockedAttention):
             s = s + self.mm(q[..., i:i + _STEP], kt[..., i:i + _STEP, :])
         s = s * scale
         return s if bias is None else s + bias
-
-    def backward(self, *args, **kwargs):
-        self._backward = True
-        try:
-            return super().backward(*args, **kwargs)
-        finally:
-            self._backward = False
 
 
 attention = _BackwardScoresReordered()

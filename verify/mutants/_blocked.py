@@ -38,6 +38,9 @@ so the bug is the only code in its module. The hooks, in the order they run:
 - `reduce_kv_grad(g, kv_heads, shape)`: dK/dV per kv head from the per-query-head ones.
 - `accumulator_dtype(dtype)`: the storage dtype of acc and l.
 
+A hook whose choice differs between the passes reads `self.in_backward` (True while the
+backward runs).
+
 Caveat: it is an emulation for the CPU and for tests (seconds for N in the hundreds), not a
 fast kernel. Dropout is not supported (raises NotImplementedError).
 """
@@ -56,6 +59,7 @@ class BlockedAttention:
 
     block_n = 16
     capabilities = full_capabilities()
+    in_backward = False  # set by ``backward`` while it runs
 
     # ---- hooks -------------------------------------------------------------------------
     def kv_heads(self, Hq: int, Hkv: int, device) -> torch.Tensor:
@@ -191,7 +195,14 @@ class BlockedAttention:
         return self.subnormals(out.to(dtype), dtype), lse
 
     def backward(self, query, key, value, bias, out, lse, grad_out, p: Problem):
-        """FA2 backward: (dq, dk, dv) in the input dtype."""
+        """FA2 backward: (dq, dk, dv) in the input dtype; ``in_backward`` is True meanwhile."""
+        self.in_backward = True
+        try:
+            return self._backward_pass(query, key, value, bias, out, lse, grad_out, p)
+        finally:
+            self.in_backward = False
+
+    def _backward_pass(self, query, key, value, bias, out, lse, grad_out, p: Problem):
         dtype = query.dtype
         kvh, kf, vf, allowed = self._gathered(query, key, value, p)
         qf = self.subnormals(query.float(), dtype, True)
