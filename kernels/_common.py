@@ -376,12 +376,12 @@ def use_tma(kind: str, device: torch.device, elem: int, block_d: int) -> bool:
             and schedule(kind, elem, block_d)["tma"])
 
 
-def use_row_tma(kind: str, device: torch.device, elem: int, block_d: int) -> bool:
-    """Whether a launch that reads its tiles through descriptors (:func:`use_tma`) reads
-    the per-row lse and delta through descriptors too: the dK/dV kernel only; "on" always,
-    "auto" where the :data:`SCHEDULE_TABLE` row says so (the layout is checked by the
-    launcher)."""
-    if kind != "dkdv" or not use_tma(kind, device, elem, block_d):
+def use_row_tma(kind: str, elem: int, block_d: int) -> bool:
+    """Whether a launch that reads its tiles through descriptors (the caller has decided
+    that with :func:`use_tma` and the layout) reads the per-row lse and delta through
+    descriptors too: the dK/dV kernel only; "on" always, "auto" where the
+    :data:`SCHEDULE_TABLE` row says so (the layout is checked by the launcher)."""
+    if kind != "dkdv" or _tma_mode[0] == "off":
         return False
     return _tma_mode[0] == "on" or schedule(kind, elem, block_d)["rows"]
 

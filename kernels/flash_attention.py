@@ -915,7 +915,7 @@ def _hopper_flags(kind: str, p: Problem, q: torch.Tensor, streamed: tuple,
     flags = dict(TMA=tma, WS=bool(tma and sched["ws"]),
                  REVERSE=bool(sched["reverse"] and p.has_hi and not p.has_lo))
     if kind == "dkdv":
-        flags["ROWS"] = bool(tma and _common.use_row_tma(kind, q.device, elem, bd)
+        flags["ROWS"] = bool(tma and _common.use_row_tma(kind, elem, bd)
                              and all(_rows_layout_ok(t) for t in rows))
     return flags
 
@@ -934,20 +934,23 @@ def _launch(kind: str, grid, head: tuple, streamed: tuple, tail: tuple, kwargs: 
     fixed, tuned, outer, inner = _PATHS[kind]
     flags = _hopper_flags(kind, p, q, streamed, rows)
     bd = block_d(p.D)
+
+    def args(block_rows: int) -> tuple:
+        descs = tuple(_descriptor(t, block_rows, bd) for t in streamed) if flags["TMA"] \
+            else streamed
+        row_args = tuple(_row_descriptor(t, block_rows) for t in rows) \
+            if flags.get("ROWS") else rows
+        return (*head, *descs, *row_args, *tail)
+
     if INTERPRET or not q.is_cuda or _common.get_tuning() == "heuristic":
         o, i, warps, stages = _common.launch_point(kind, bd, q.element_size(),
                                                    p.is_causal, q.device)
         meta = {outer: o, inner: i}
+        fixed[grid(meta)](*args(i), **kwargs, **flags, **meta, num_warps=warps,
+                          num_stages=stages)
     else:
         # Placeholder block rows: the config's pre_hook sets them (_tma_pre_hook).
-        meta, i = None, 16
-    descs = tuple(_descriptor(t, i, bd) for t in streamed) if flags["TMA"] else streamed
-    row_args = tuple(_row_descriptor(t, i) for t in rows) if flags.get("ROWS") else rows
-    if meta is not None:
-        fixed[grid(meta)](*head, *descs, *row_args, *tail, **kwargs, **flags, **meta,
-                          num_warps=warps, num_stages=stages)
-    else:
-        tuned[grid](*head, *descs, *row_args, *tail, **kwargs, **flags)
+        tuned[grid](*args(16), **kwargs, **flags)
 
 
 def _device_ctx(t: torch.Tensor):

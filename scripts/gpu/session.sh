@@ -322,7 +322,8 @@ if has replays; then
       "tests/data/sdpa_efficient_h200_3xtf32.json sdpa-efficient" \
       "tests/data/sdpa_efficient_h200_row_rank1.json sdpa-efficient" \
       "tests/data/sdpa_efficient_h200_overflow.json sdpa-efficient" \
-      "tests/data/sdpa_efficient_h200_3xtf32_truncated.json sdpa-efficient"; do
+      "tests/data/sdpa_efficient_h200_3xtf32_truncated.json sdpa-efficient" \
+      "tests/data/h200_triton_fp32_bias_fma.json triton"; do
     set -- $spec
     job "replay-$2-$(basename "$1" .json)" 240 python3 -m flashcheck repro "$1" --kernel "$2" \
       --device cuda
