@@ -317,30 +317,33 @@ TMA_MODES = ("auto", "on", "off")
 # the dK/dV and dQ kernels (the dQ kernel a little more with warp specialisation) and lose up
 # to 11 % on the forward's 256-row tile; the dK/dV kernel's lse and delta through
 # descriptors take another 5 % off the whole backward (14.93 -> 14.09 ms, causal 8.93 ->
-# 8.52: no per-thread copies, no wait and barrier for them in the tile loop); other head
-# dims were not swept and keep the pointer path.
+# 8.52: no per-thread copies, no wait and barrier for them in the tile loop); early, the
+# backward kernels issue the dP product right after the scores' product, before the
+# exponentials (the same operations, in the same order per element); other head dims were
+# not swept and keep the pointer path.
 SCHEDULE_TABLE = (
-    # kind    elem max_block_d tma    ws     reverse rows
-    ("fwd",   2,   256,        False, False, True,   False),
-    ("dkdv",  2,   64,         False, False, False,  False),
-    ("dkdv",  2,   128,        True,  False, False,  True),
-    ("dkdv",  2,   256,        False, False, False,  False),
-    ("dq",    2,   64,         False, False, True,   False),
-    ("dq",    2,   128,        True,  True,  True,   False),
-    ("dq",    2,   256,        False, False, True,   False),
-    ("fwd",   4,   256,        False, False, True,   False),
-    ("dkdv",  4,   256,        False, False, False,  False),
-    ("dq",    4,   256,        False, False, True,   False),
+    # kind    elem max_block_d tma    ws     reverse rows early
+    ("fwd",   2,   256,        False, False, True,   False, False),
+    ("dkdv",  2,   64,         False, False, False,  False, False),
+    ("dkdv",  2,   128,        True,  False, False,  True, False),
+    ("dkdv",  2,   256,        False, False, False,  False, False),
+    ("dq",    2,   64,         False, False, True,   False, False),
+    ("dq",    2,   128,        True,  True,  True,   False, False),
+    ("dq",    2,   256,        False, False, True,   False, False),
+    ("fwd",   4,   256,        False, False, True,   False, False),
+    ("dkdv",  4,   256,        False, False, False,  False, False),
+    ("dq",    4,   256,        False, False, True,   False, False),
 )
 _tma_mode = [os.environ.get("FLASHCHECK_TMA", "auto")]
 
 
 def schedule(kind: str, elem: int, block_d: int) -> dict:
-    """The :data:`SCHEDULE_TABLE` flags of a launch: ``{"tma", "ws", "reverse", "rows"}``."""
+    """The :data:`SCHEDULE_TABLE` flags of a launch:
+    ``{"tma", "ws", "reverse", "rows", "early"}``."""
     _check_kind(kind, block_d, elem)
-    for k, e, max_bd, tma_, ws, reverse, rows in SCHEDULE_TABLE:
+    for k, e, max_bd, tma_, ws, reverse, rows, early in SCHEDULE_TABLE:
         if k == kind and e == elem and block_d <= max_bd:
-            return dict(tma=tma_, ws=ws, reverse=reverse, rows=rows)
+            return dict(tma=tma_, ws=ws, reverse=reverse, rows=rows, early=early)
     raise LookupError(f"no schedule for kind={kind}, block_d={block_d}, elem={elem}")
 
 

@@ -550,7 +550,7 @@ def _dkdv_inner(dk, dv, cnt, k, v, q_base, do_base, m_base, lse_base, delta_base
                 MASK_KIND: tl.constexpr, PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
                 desc_q, desc_do, desc_lse, desc_delta, off_z, off_h, off_bh,
-                TMA: tl.constexpr, WS: tl.constexpr, ROWS: tl.constexpr):
+                TMA: tl.constexpr, WS: tl.constexpr, ROWS: tl.constexpr, EARLY: tl.constexpr):
     offs_d = tl.arange(0, BLOCK_D)
     for start_m in tl.range(start, end, BLOCK_M, warp_specialize=WS):
         start_m = tl.multiple_of(start_m, BLOCK_M)
@@ -565,19 +565,23 @@ def _dkdv_inner(dk, dv, cnt, k, v, q_base, do_base, m_base, lse_base, delta_base
         else:
             lse, delta = _row_stats(lse_base, delta_base, offs_m, N_CTX_Q, MASKED)
         qkT = tl.dot(k, qT, input_precision=PRECISION)
+        if TMA:
+            do = _tma_tile(desc_do, off_z, off_h, start_m, BLOCK_M, BLOCK_D)
+        else:
+            do = _load_2d(do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                          offs_m, offs_d, N_CTX_Q, HEAD_DIM, MASKED, PAD_D)
+        if EARLY:
+            # dP^T issued before the exponentials: the tensor cores work on it meanwhile.
+            dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)
         if MASKED or MASK_KIND != 0:
             sT = _scores(qkT, m_base, offs_m, offs_n, stride_mm, stride_mn, N_CTX_Q, N_CTX_K,
                          qk_scale, lo_off, hi_off, MASKED, BAND, MASK_KIND, True)
             pT = tl.exp2(sT - lse[None, :])
         else:
             pT = tl.exp2(qkT * qk_scale - lse[None, :])
-        if TMA:
-            do = _tma_tile(desc_do, off_z, off_h, start_m, BLOCK_M, BLOCK_D)
-        else:
-            do = _load_2d(do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
-                          offs_m, offs_d, N_CTX_Q, HEAD_DIM, MASKED, PAD_D)
         dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=PRECISION)
-        dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+        if not EARLY:
+            dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)
         dsT = pT * (dpT - delta[None, :])
         dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=PRECISION)
         if ATOMIC_DQ:
@@ -606,7 +610,7 @@ def _bwd_dkdv_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, STATS, DESC_Q,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
                      EVEN_N: tl.constexpr, PAD_D: tl.constexpr, ALIGNED: tl.constexpr,
                      TMA: tl.constexpr, WS: tl.constexpr, REVERSE: tl.constexpr,
-                     ROWS: tl.constexpr):
+                     ROWS: tl.constexpr, EARLY: tl.constexpr):
     stride_qz, stride_qh, stride_qm = \
         _a16(stride_qz, ALIGNED), _a16(stride_qh, ALIGNED), _a16(stride_qm, ALIGNED)
     stride_kz, stride_kh, stride_kn = \
@@ -659,14 +663,14 @@ def _bwd_dkdv_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, STATS, DESC_Q,
                 stride_mm, stride_mn, stride_dqm, stride_dqd, N_CTX_Q, N_CTX_K, HEAD_DIM,
                 qk_scale, sm_scale, lo_off, hi_off, True, BAND, MASK_KIND,
                 PRECISION, ATOMIC_DQ, BLOCK_M, BLOCK_D, PAD_D,
-                DESC_Q, DESC_DO, DESC_LSE, DESC_DELTA, off_z, off_h, row_bh, TMA, WS, ROWS)
+                DESC_Q, DESC_DO, DESC_LSE, DESC_DELTA, off_z, off_h, row_bh, TMA, WS, ROWS, EARLY)
         dk, dv, n_full = _dkdv_inner(
             dk, dv, n_full, k, v, q_base, do_base, m_base, lse_base, delta_base, dq_base,
             offs_n, full_lo, full_hi, stride_qm, stride_qd, stride_dom, stride_dod,
             stride_mm, stride_mn, stride_dqm, stride_dqd, N_CTX_Q, N_CTX_K, HEAD_DIM,
             qk_scale, sm_scale, lo_off, hi_off, False, BAND, MASK_KIND,
             PRECISION, ATOMIC_DQ, BLOCK_M, BLOCK_D, PAD_D,
-            DESC_Q, DESC_DO, DESC_LSE, DESC_DELTA, off_z, off_h, row_bh, TMA, WS, ROWS)
+            DESC_Q, DESC_DO, DESC_LSE, DESC_DELTA, off_z, off_h, row_bh, TMA, WS, ROWS, EARLY)
         if BAND or not EVEN_M:
             dk, dv, n_edge = _dkdv_inner(
                 dk, dv, n_edge, k, v, q_base, do_base, m_base, lse_base, delta_base, dq_base,
@@ -674,7 +678,7 @@ def _bwd_dkdv_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, STATS, DESC_Q,
                 stride_mm, stride_mn, stride_dqm, stride_dqd, N_CTX_Q, N_CTX_K, HEAD_DIM,
                 qk_scale, sm_scale, lo_off, hi_off, True, BAND, MASK_KIND,
                 PRECISION, ATOMIC_DQ, BLOCK_M, BLOCK_D, PAD_D,
-                DESC_Q, DESC_DO, DESC_LSE, DESC_DELTA, off_z, off_h, row_bh, TMA, WS, ROWS)
+                DESC_Q, DESC_DO, DESC_LSE, DESC_DELTA, off_z, off_h, row_bh, TMA, WS, ROWS, EARLY)
     dk = dk * sm_scale
     st_mask = (offs_n[:, None] < N_CTX_K) & (offs_d[None, :] < HEAD_DIM)
     # DK and DV are allocated by the launcher with identical (contiguous) strides.
@@ -695,7 +699,8 @@ def _dq_inner(dq, cnt, q, do, lse, delta, k_base, v_base, m_base, offs_m, start,
               MASKED: tl.constexpr, BAND: tl.constexpr,
               MASK_KIND: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
-              desc_k, desc_v, off_z, off_hk, TMA: tl.constexpr, WS: tl.constexpr):
+              desc_k, desc_v, off_z, off_hk, TMA: tl.constexpr, WS: tl.constexpr,
+              EARLY: tl.constexpr):
     offs_d = tl.arange(0, BLOCK_D)
     for start_n in tl.range(start, end, BLOCK_N, warp_specialize=WS):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -709,13 +714,16 @@ def _dq_inner(dq, cnt, q, do, lse, delta, k_base, v_base, m_base, offs_m, start,
             vT = _load_2d(v_base + offs_d[:, None] * stride_vd + offs_n[None, :] * stride_vn,
                           offs_d, offs_n, HEAD_DIM, N_CTX_K, PAD_D, MASKED)
         qk = tl.dot(q, kT, input_precision=PRECISION)
+        if EARLY:
+            dp = tl.dot(do, vT, input_precision=PRECISION)
         if MASKED or MASK_KIND != 0:
             s = _scores(qk, m_base, offs_m, offs_n, stride_mm, stride_mn, N_CTX_Q, N_CTX_K,
                         qk_scale, lo_off, hi_off, MASKED, BAND, MASK_KIND, False)
             p = tl.exp2(s - lse[:, None])
         else:
             p = tl.exp2(qk * qk_scale - lse[:, None])
-        dp = tl.dot(do, vT, input_precision=PRECISION)
+        if not EARLY:
+            dp = tl.dot(do, vT, input_precision=PRECISION)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq, input_precision=PRECISION)
         cnt += 1
@@ -736,7 +744,8 @@ def _bwd_dq_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DQ, STATS, DESC_K, DESC_V,
                    PRECISION: tl.constexpr, COUNT_TILES: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
                    EVEN_N: tl.constexpr, PAD_D: tl.constexpr, ALIGNED: tl.constexpr,
-                   TMA: tl.constexpr, WS: tl.constexpr, REVERSE: tl.constexpr):
+                   TMA: tl.constexpr, WS: tl.constexpr, REVERSE: tl.constexpr,
+                   EARLY: tl.constexpr):
     stride_qz, stride_qh, stride_qm = \
         _a16(stride_qz, ALIGNED), _a16(stride_qh, ALIGNED), _a16(stride_qm, ALIGNED)
     stride_kz, stride_kh, stride_kn = \
@@ -779,20 +788,20 @@ def _bwd_dq_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DQ, STATS, DESC_K, DESC_V,
             stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
             N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
             True, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D,
-            DESC_K, DESC_V, off_z, off_hk, TMA, WS)
+            DESC_K, DESC_V, off_z, off_hk, TMA, WS, EARLY)
     dq, n_full = _dq_inner(
         dq, n_full, q, do, lse, delta, k_base, v_base, m_base, offs_m, full_lo, full_hi,
         stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
         N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
         False, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D,
-        DESC_K, DESC_V, off_z, off_hk, TMA, WS)
+        DESC_K, DESC_V, off_z, off_hk, TMA, WS, EARLY)
     if BAND or not EVEN_N:
         dq, n_edge = _dq_inner(
             dq, n_edge, q, do, lse, delta, k_base, v_base, m_base, offs_m, full_hi, hi,
             stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
             N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
             True, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D,
-            DESC_K, DESC_V, off_z, off_hk, TMA, WS)
+            DESC_K, DESC_V, off_z, off_hk, TMA, WS, EARLY)
     dq = dq * sm_scale
     tl.store(DQ + off_z * stride_dqz + off_h * stride_dqh + offs_m[:, None] * stride_dqm
              + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty),
@@ -907,13 +916,16 @@ def _hopper_flags(kind: str, p: Problem, q: torch.Tensor, streamed: tuple,
     """The schedule flags of a launch (``_common.SCHEDULE_TABLE``): TMA, tensor descriptors
     for the streamed operands where the device, table and layout allow; WS, warp
     specialisation of the tile loop (with TMA); REVERSE, last tile first where a causal-like
-    band makes the last tiles of this kind the longest; for the dK/dV kernel, ROWS, its row
-    statistics ``rows`` (lse, delta) through descriptors too (with TMA)."""
+    band makes the last tiles of this kind the longest; for the backward kernels, EARLY, the dP
+    product issued before the exponentials; for the dK/dV kernel, ROWS, its row statistics
+    ``rows`` (lse, delta) through descriptors too (with TMA)."""
     bd, elem = block_d(p.D), q.element_size()
     sched = _common.schedule(kind, elem, bd)
     tma = _common.use_tma(kind, q.device, elem, bd) and _tma_layout_ok(*streamed)
     flags = dict(TMA=tma, WS=bool(tma and sched["ws"]),
                  REVERSE=bool(sched["reverse"] and p.has_hi and not p.has_lo))
+    if kind != "fwd":
+        flags["EARLY"] = bool(sched["early"])
     if kind == "dkdv":
         flags["ROWS"] = bool(tma and _common.use_row_tma(kind, elem, bd)
                              and all(_rows_layout_ok(t) for t in rows))

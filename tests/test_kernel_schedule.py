@@ -115,6 +115,33 @@ def test_layouts_the_copy_engine_refuses_fall_back_to_pointer_loads():
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("tma", ["off", "on"])
+def test_the_dp_product_issued_early_is_bit_identical(case, tma, monkeypatch):
+    # EARLY moves the backward kernels' dP product before the exponentials: same operations,
+    # same order per element. Forced on for both backward kernels, with and without
+    # descriptors, against the table's order; one case with an additive mask as well.
+    Nq, Nk, D, Hq, Hkv, kw = CASES[case]
+    q, k, v, do = _inputs(Nq, Nk, D, Hq, Hkv, seed=20 + case)
+    if case == 1:
+        kw = dict(kw, attn_mask=torch.randn(Nq, Nk, generator=torch.Generator().manual_seed(3))
+                  .to(DTYPE).to(DEVICE))
+    orig = fa._hopper_flags
+    results = []
+    for early in (False, True):
+        def flags(kind, *a, _e=early, **k_):
+            f = orig(kind, *a, **k_)
+            if kind != "fwd":
+                assert "EARLY" in f
+                f["EARLY"] = _e
+            return f
+
+        monkeypatch.setattr(fa, "_hopper_flags", flags)
+        with _common.tma(tma):
+            results.append(_fwd_bwd(q, k, v, do, **kw))
+    _assert_bitwise(*results)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
 def test_the_256_row_tile_as_two_halves_is_bit_identical(case, monkeypatch):
     Nq, Nk, D, Hq, Hkv, kw = CASES[case]
     q, k, v, _do = _inputs(Nq, Nk, D, Hq, Hkv, seed=10 + case)
@@ -136,8 +163,9 @@ def test_schedule_table_covers_every_launch_and_rejects_bad_input():
         for elem in (2, 4):
             for bd in (16, 32, 64, 128, 256):
                 flags = _common.schedule(kind, elem, bd)
-                assert set(flags) == {"tma", "ws", "reverse", "rows"}
+                assert set(flags) == {"tma", "ws", "reverse", "rows", "early"}
                 assert not flags["ws"] or flags["tma"], "warp specialisation needs TMA"
+                assert not flags["early"] or kind != "fwd", "EARLY orders the backward's dP"
                 assert not flags["rows"] or (flags["tma"] and kind == "dkdv"), \
                     "row statistics through descriptors: the dK/dV kernel's, with TMA"
     with pytest.raises(ValueError, match="TMA mode must be one of"):

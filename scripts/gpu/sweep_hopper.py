@@ -1,7 +1,7 @@
 """Launch-configuration sweep of our kernel's three kernels on a Hopper GPU.
 
     python3 scripts/gpu/sweep_hopper.py --jobs 14 --out DIR [--d 128] [--dtype bfloat16]
-                                        [--set tables|rows]
+                                        [--set tables|rows|early]
 
 Each variant is (kind, point, tma, ws) with kind "fwd", "dkdv" or "dq", point = (outer,
 inner, warps, stages) as in ``kernels._common`` and tma/ws the Hopper flags. Three phases:
@@ -52,13 +52,29 @@ MODES = ((False, False), (True, False), (True, True))  # (tma, ws)
 ROWS_POINTS = [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3), (128, 32, 8, 4),
                (64, 64, 4, 3), (128, 64, 8, 1)]
 ROWS_MODES = ((True, False, False), (True, False, True), (True, True, True))  # tma, ws, rows
-SETS = ("tables", "rows")
+# The "early" set: each backward kernel at its table point with its dP product issued before
+# the exponentials (EARLY) or after them, the other kernel at its table point and flags (so
+# both EARLY=False variants time the table's backward).
+EARLY_VARIANTS = [("dkdv", (128, 64, 8, 2), False, True, False),
+                  ("dkdv", (128, 64, 8, 2), False, True, True),
+                  ("dkdv", (128, 64, 8, 3), False, True, True),
+                  ("dkdv", (128, 64, 8, 2), True, True, True),
+                  ("dq", (128, 64, 8, 3), True, False, False),
+                  ("dq", (128, 64, 8, 3), True, False, True),
+                  ("dq", (128, 64, 8, 2), True, False, True)]  # kind, point, ws, rows, early
+SETS = ("tables", "rows", "early")
 
 
 def variants(which: str = "tables") -> list[dict]:
     if which not in SETS:
         raise ValueError(f"--set must be one of {SETS}, got {which!r}")
     out = []
+    if which == "early":
+        for causal in (False, True):
+            for kind, pt, ws, rows, early in EARLY_VARIANTS:
+                out.append(dict(kind=kind, point=list(pt), tma=True, ws=ws, rows=rows,
+                                early=early, others="table", causal=causal))
+        return out
     if which == "rows":
         for causal in (False, True):
             for pt, (tma, ws, rows) in itertools.product(ROWS_POINTS, ROWS_MODES):
@@ -78,8 +94,9 @@ def variants(which: str = "tables") -> list[dict]:
 
 
 def _forced(var: dict | None):
-    """Context: the package launches ``var`` for its kind (point, TMA, WS, ROWS); every
-    other kind at the table's point on the pointer path."""
+    """Context: the package launches ``var`` for its kind (point, TMA, WS, ROWS, EARLY);
+    every other kind at the table's point, on the pointer path unless ``var["others"]`` is
+    "table" (then with the table's flags too)."""
     from flashcheck.kernels import _common
     from flashcheck.kernels import flash_attention as fa
 
@@ -96,6 +113,10 @@ def _forced(var: dict | None):
             def hf(kind, p, q, streamed, rows=()):
                 flags = self.orig_hf(kind, p, q, streamed, rows)
                 mine = var is not None and kind == var["kind"]
+                if var is not None and not mine and var.get("others") == "table":
+                    return flags
+                if "EARLY" in flags:
+                    flags["EARLY"] = bool(mine and var.get("early"))
                 flags["TMA"] = bool(mine and var["tma"] and fa._tma_layout_ok(*streamed))
                 flags["WS"] = bool(mine and var["ws"] and flags["TMA"])
                 if "ROWS" in flags:
@@ -211,7 +232,7 @@ def time_all(dtype, D: int, compiled: list[dict], log) -> dict:
                 rec = _time_variant(var, q, k, v, do, p, out, lse)
                 res["variants"].append(rec)
                 log(f"{var['kind']} {var['point']} tma={var['tma']} ws={var['ws']} "
-                    f"rows={bool(var.get('rows'))} "
+                    f"rows={bool(var.get('rows'))} early={bool(var.get('early'))} "
                     f"atomic={bool(var.get('atomic'))} causal={causal}: "
                     f"{rec.get('ms', rec.get('time_error'))}")
     return res
@@ -226,7 +247,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shard", default=None, help="internal: i/n, compile phase")
     ap.add_argument("--compile-timeout", type=float, default=300)
     ap.add_argument("--set", default="tables", choices=SETS,
-                    help="which variants: the set behind the tables, or the dK/dV row set")
+                    help="which variants: the set behind the tables, the dK/dV row set, or "
+                         "the backward kernels' dP order")
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     out = Path(args.out)
@@ -270,7 +292,7 @@ def main(argv=None) -> int:
     (out / "sweep.json").write_text(json.dumps(summary, indent=1))
     for key, r in best.items():
         print("best", key, r["point"], "tma", r["tma"], "ws", r["ws"], "rows",
-              bool(r.get("rows")), f"{r['ms']:.3f} ms",
+              bool(r.get("rows")), "early", bool(r.get("early")), f"{r['ms']:.3f} ms",
               flush=True)
     return 0
 
