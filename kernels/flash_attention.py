@@ -925,7 +925,8 @@ def _hopper_flags(kind: str, p: Problem, q: torch.Tensor, streamed: tuple,
     flags = dict(TMA=tma, WS=bool(tma and sched["ws"]),
                  REVERSE=bool(sched["reverse"] and p.has_hi and not p.has_lo))
     if kind != "fwd":
-        flags["EARLY"] = bool(sched["early"])
+        # Not under a band: its masked tile loop compiled beside the full one spills.
+        flags["EARLY"] = bool(sched["early"] and not _band_args(p)[0])
     if kind == "dkdv":
         flags["ROWS"] = bool(tma and _common.use_row_tma(kind, elem, bd)
                              and all(_rows_layout_ok(t) for t in rows))
