@@ -392,6 +392,15 @@ def use_row_tma(kind: str, elem: int, block_d: int) -> bool:
     return _tma_mode[0] == "on" or schedule(kind, elem, block_d)["rows"]
 
 
+def use_reduce(device: torch.device) -> bool:
+    """Whether the non-deterministic backward adds its dQ tiles into the fp32 accumulator by
+    bulk tensor reduce-adds through a descriptor (one per tile) instead of per-element
+    atomics: on sm_90 and later unless the TMA mode is "off" (the layout is checked by the
+    launcher). Never under the interpreter, which has no descriptor reduce."""
+    return (_tma_mode[0] != "off" and not INTERPRET and device.type == "cuda"
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
 def set_tuning(mode: str) -> None:
     """Select how launch configurations are chosen for every later call.
 

@@ -8,6 +8,8 @@ bf16, D = 128, N = 4K, causal and not), it times:
 
 - this package's FA2 kernel (``kernels.attention``) in the ``"autotune"`` tuning mode
   (``kernels.tuning``; recorded as ``meta["tuning"]``): forward, backward, forward+backward;
+  and the same with ``deterministic=False`` (``triton-fa2-atomic``: dQ added inside the
+  dK/dV kernel, by bulk reduce-adds of fp32 tiles on sm_90+);
 - SDPA with the flash, cuDNN and efficient backends (``torch.nn.attention.sdpa_kernel``);
 - FlexAttention: one ``torch.compile(flex_attention, dynamic=False)`` per process, so each
   shape is compiled exactly once (at its warm-up call); the dynamo recompile limits are
@@ -51,8 +53,11 @@ import torch
 TOKENS = 1 << 20  # B * H * N, fixed so that N = 16K still fits and every row does equal work
 HEADS = 16
 PASSES = ("fwd", "bwd", "fwd+bwd")
-PEERS = ("triton-fa2", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex")
-COMPILED = ("triton-fa2", "flex")  # the implementations that compile per shape (--prewarm)
+# triton-fa2-atomic: our kernel with deterministic=False (dQ added inside the dK/dV kernel).
+PEERS = ("triton-fa2", "triton-fa2-atomic", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient",
+         "flex")
+# The implementations that compile per shape (--prewarm).
+COMPILED = ("triton-fa2", "triton-fa2-atomic", "flex")
 
 
 def flops(B: int, H: int, Nq: int, Nk: int, D: int, causal: bool, pass_: str) -> float:
@@ -141,6 +146,10 @@ def _peer_fn(impl: str, causal: bool, q):
     if impl == "triton-fa2":
         from flashcheck.kernels import attention
         return (lambda a, b, c: attention(a, b, c, is_causal=causal)), ""
+    if impl == "triton-fa2-atomic":
+        from flashcheck.kernels.flash_attention import attention_atomic
+        return (lambda a, b, c: attention_atomic(a, b, c, is_causal=causal)), \
+            "deterministic=False"
     if impl.startswith("sdpa-"):
         backend = {"sdpa-flash": SDPBackend.FLASH_ATTENTION,
                    "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,

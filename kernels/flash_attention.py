@@ -584,10 +584,16 @@ def _dkdv_inner(dk, dv, cnt, k, v, q_base, do_base, m_base, lse_base, delta_base
             dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)
         dsT = pT * (dpT - delta[None, :])
         dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=PRECISION)
-        if ATOMIC_DQ:
+        if ATOMIC_DQ != 0:
             dq = tl.dot(tl.trans(dsT).to(k.dtype), k, input_precision=PRECISION) * sm_scale
-            tl.atomic_add(dq_base + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
-                          dq, mask=(offs_m[:, None] < N_CTX_Q) & (offs_d[None, :] < HEAD_DIM))
+            if ATOMIC_DQ == 2:
+                # One bulk tensor reduce-add of the tile (rows past Nq, columns past D clipped).
+                dq_base.atomic_add([off_z.to(tl.int32), off_h.to(tl.int32), start_m, 0],
+                                   tl.reshape(dq, [1, 1, BLOCK_M, BLOCK_D]))
+            else:
+                tl.atomic_add(dq_base + offs_m[:, None] * stride_dqm
+                              + offs_d[None, :] * stride_dqd, dq,
+                              mask=(offs_m[:, None] < N_CTX_Q) & (offs_d[None, :] < HEAD_DIM))
         cnt += 1
     return dk, dv, cnt
 
@@ -655,7 +661,10 @@ def _bwd_dkdv_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, STATS, DESC_Q,
         m_base = M + off_z * stride_mz + off_h * stride_mh
         lse_base = LSE + off_bh * N_CTX_Q
         delta_base = DELTA + off_bh * N_CTX_Q
-        dq_base = DQ + off_z * stride_dqz + off_h * stride_dqh
+        if ATOMIC_DQ == 2:
+            dq_base = DQ  # a descriptor over the fp32 (B, H, Nq, D) accumulator
+        else:
+            dq_base = DQ + off_z * stride_dqz + off_h * stride_dqh
         if BAND:
             dk, dv, n_edge = _dkdv_inner(
                 dk, dv, n_edge, k, v, q_base, do_base, m_base, lse_base, delta_base, dq_base,
@@ -820,7 +829,7 @@ def _bwd_dq_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DQ, STATS, DESC_K, DESC_V,
 _fwd_fixed = triton.heuristics(_EVEN)(_fwd_kernel_impl)
 _fwd_tuned = _tuned(_fwd_fixed, "fwd", "BLOCK_M", "BLOCK_N", ("DESC_K", "DESC_V"))
 _dkdv_fixed = triton.heuristics(_EVEN)(_bwd_dkdv_kernel_impl)
-_dkdv_tuned = _tuned(_dkdv_fixed, "dkdv", "BLOCK_N", "BLOCK_M", ("DESC_Q", "DESC_DO"),
+_dkdv_tuned = _tuned(_dkdv_fixed, "dkdv", "BLOCK_N", "BLOCK_M", ("DESC_Q", "DESC_DO", "DQ"),
                      ("DESC_LSE", "DESC_DELTA"), reset_to_zero=["DQ"])
 _dq_fixed = triton.heuristics(_EVEN)(_bwd_dq_kernel_impl)
 _dq_tuned = _tuned(_dq_fixed, "dq", "BLOCK_M", "BLOCK_N", ("DESC_K", "DESC_V"))
@@ -867,12 +876,21 @@ def _common_consts(p: Problem, dtype: torch.dtype, allow_tf32: bool) -> dict:
                 PRECISION=_precision(dtype, allow_tf32), BLOCK_D=block_d(p.D))
 
 
-def _descriptor(t: torch.Tensor, rows: int, block_d_: int):
+class _AccumDescriptor(TensorDescriptor):
+    """A descriptor over an accumulator the kernel adds into; ``zero_`` zeroes the tensor
+    (the autotuner's ``reset_to_zero`` between its trials)."""
+
+    def zero_(self):
+        self.base.zero_()
+        return self
+
+
+def _descriptor(t: torch.Tensor, rows: int, block_d_: int, cls=TensorDescriptor):
     """A 4-D tensor descriptor over ``t`` (B, H, N, D) with block [1, 1, rows, block_d_]."""
     shape = list(t.shape)
     # The stride of a size-1 dim is never stepped over; give it one the copy engine takes.
     strides = [t.stride(i) if shape[i] > 1 else _unit_dim_stride(t, i) for i in range(4)]
-    return TensorDescriptor(t, shape, strides, [1, 1, rows, block_d_])
+    return cls(t, shape, strides, [1, 1, rows, block_d_])
 
 
 def _row_descriptor(t: torch.Tensor, rows: int):
@@ -934,15 +952,17 @@ def _hopper_flags(kind: str, p: Problem, q: torch.Tensor, streamed: tuple,
 
 
 def _launch(kind: str, grid, head: tuple, streamed: tuple, tail: tuple, kwargs: dict,
-            p: Problem, q: torch.Tensor, rows: tuple = ()) -> None:
+            p: Problem, q: torch.Tensor, rows: tuple = (), reduced: int | None = None) -> None:
     """Launch kernel ``kind`` ("fwd", "dkdv", "dq") in the current tuning mode.
 
     The kernel's arguments are ``head``, then ``streamed`` (the two operands its tile loop
     reads, passed again as tensor descriptors when TMA is on, else as themselves), then
     ``rows`` (the dK/dV kernel's lse and delta, again as 2-D descriptors when ROWS is on,
-    else as themselves), then ``tail``. ``grid(meta)`` maps the tile sizes to the launch
-    grid. Heuristic mode (and the interpreter) passes one config explicitly; autotune mode
-    lets Triton's autotuner pick.
+    else as themselves), then ``tail``. ``head[reduced]``, if given, is an fp32 accumulator
+    the kernel adds its tiles into by bulk reduce-adds: passed as a descriptor with the
+    config's block rows. ``grid(meta)`` maps the tile sizes to the launch grid. Heuristic
+    mode (and the interpreter) passes one config explicitly; autotune mode lets Triton's
+    autotuner pick.
     """
     fixed, tuned, outer, inner = _PATHS[kind]
     flags = _hopper_flags(kind, p, q, streamed, rows)
@@ -953,6 +973,9 @@ def _launch(kind: str, grid, head: tuple, streamed: tuple, tail: tuple, kwargs: 
             else streamed
         row_args = tuple(_row_descriptor(t, block_rows) for t in rows) \
             if flags.get("ROWS") else rows
+        if reduced is not None:
+            acc = _descriptor(head[reduced], block_rows, bd, _AccumDescriptor)
+            return (*head[:reduced], acc, *head[reduced + 1:], *descs, *row_args, *tail)
         return (*head, *descs, *row_args, *tail)
 
     if INTERPRET or not q.is_cuda or _common.get_tuning() == "heuristic":
@@ -1024,6 +1047,10 @@ def _backward(do, q, k, v, out, lse, p: Problem, deterministic: bool, allow_tf32
     count = stats is not None
     consts = _common_consts(p, q.dtype, allow_tf32)
     consts["ALIGNED"] = _aligned(q, k, v, do, out, dk, dq_acc)
+    # dQ without determinism: fp32 atomics per element (1), or one bulk reduce-add per tile
+    # through a descriptor (2) where the device and the accumulator's layout allow.
+    atomic = 0 if deterministic else (
+        2 if _common.use_reduce(dev) and _tma_layout_ok(dq_acc) else 1)
     pre_block = 16 if INTERPRET else 64
     with _device_ctx(q):
         _bwd_preprocess[(triton.cdiv(p.Nq, pre_block), p.B * p.Hq)](
@@ -1036,8 +1063,8 @@ def _backward(do, q, k, v, out, lse, p: Problem, deterministic: bool, allow_tf32
             *q.stride(), *k.stride(), *v.stride(), *_strides(p.mask), *do.stride(),
             *dk.stride(), *dq_acc.stride(),
             p.Hkv, p.group, p.Nq, p.Nk, p.D, p.scale * LOG2E, p.scale, *_band_args(p)[1:]),
-            dict(ATOMIC_DQ=not deterministic, COUNT_TILES=count, **consts), p, q,
-            rows=(lse, delta))
+            dict(ATOMIC_DQ=atomic, COUNT_TILES=count, **consts), p, q,
+            rows=(lse, delta), reduced=9 if atomic == 2 else None)
         if deterministic:
             buf_q = _stats_buffer(count, triton.cdiv(p.Nq, 16) * p.B * p.Hq, dev)
             _launch("dq", lambda m: (triton.cdiv(p.Nq, m["BLOCK_M"]), p.B * p.Hq),

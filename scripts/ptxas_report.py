@@ -41,7 +41,8 @@ import torch
 _ROOT = Path(__file__).resolve().parent.parent
 H200_SMEM = 232448  # the H200's opt-in shared memory per block (bytes)
 SHAPE = dict(B=16, H=16, N=4096)  # the benchmark shape (kernels.bench, sweep_hopper)
-SHOWN = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "TMA", "WS", "REVERSE", "BAND", "ATOMIC_DQ", "ROWS")
+SHOWN = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "TMA", "WS", "REVERSE", "BAND", "ATOMIC_DQ", "ROWS",
+         "EARLY")
 KERNELS = {"fwd": "_fwd_kernel_impl", "dkdv": "_bwd_dkdv_kernel_impl",
            "dq": "_bwd_dq_kernel_impl"}
 
@@ -163,6 +164,7 @@ def _patch_for_h200() -> None:
         kind, bd, elem, causal, H200_SMEM)
     _common.use_tma = lambda kind, device, elem, bd: bool(
         _common.schedule(kind, elem, bd)["tma"])
+    _common.use_reduce = lambda device: True
 
 
 def _problem(D: int, dtype: torch.dtype, causal: bool):
@@ -201,7 +203,9 @@ def run(*, D: int, dtype: torch.dtype, sweep: bool, ptx_dir: Path | None,
             comp.tag = ("table" if var is None else
                         f"{var['kind']} {tuple(var['point'])} tma={var['tma']} ws={var['ws']}"
                         f"{' rows' if var.get('rows') else ''}"
-                        f"{' atomic' if var.get('atomic') else ''}") + f" causal={causal}"
+                        f"{' early' if var.get('early') else ''}"
+                        f"{' atomic' if var.get('atomic') else ''}"
+                        f"{' reduce' if var.get('reduce') else ''}") + f" causal={causal}"
             # The table's launch as it is; a sweep variant forced as the sweep forces it.
             try:
                 with contextlib.nullcontext() if var is None else sw._forced(var):
@@ -230,7 +234,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bfloat16", choices=("float16", "bfloat16", "float32"))
     ap.add_argument("--sweep", action="store_true",
                     help="also every variant of scripts/gpu/sweep_hopper.py")
-    ap.add_argument("--set", default="tables", choices=("tables", "rows"),
+    ap.add_argument("--set", default="tables", choices=("tables", "rows", "early", "reduce"),
                     help="with --sweep: which of sweep_hopper.py's variant sets")
     ap.add_argument("--ptx-dir", type=Path, default=None,
                     help="keep each kernel's PTX here (named by its hash)")

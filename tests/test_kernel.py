@@ -281,6 +281,16 @@ def test_non_sdpa_entries(fn, tf32, name):
     _check(fn, DOMAIN[name], tf32=tf32)
 
 
+@pytest.mark.parametrize("name", ["fp16", "bf16-causal-gqa", "D111", "Nq!=Nk", "key-padding",
+                                  "window-causal-br", "bnhd"])
+def test_atomic_dq_matches_fp64(name):
+    # dQ added inside the dK/dV kernel: per-element fp32 atomics, or on sm_90+ GPUs one bulk
+    # tensor reduce-add per tile (rows past Nq, columns past D clipped by the copy engine).
+    case = DOMAIN[name]
+    _skip_bf16(DTYPES[case.get("dtype", "fp16")])
+    _check(fa.attention_atomic, case)
+
+
 def test_fully_masked_rows_are_exact_zero():
     case = DOMAIN["causal-br-Nq>Nk"]  # rows i < Nq - Nk see no key
     q, k, v, do, kw = _build(case)

@@ -1,7 +1,7 @@
 """Launch-configuration sweep of our kernel's three kernels on a Hopper GPU.
 
     python3 scripts/gpu/sweep_hopper.py --jobs 14 --out DIR [--d 128] [--dtype bfloat16]
-                                        [--set tables|rows|early]
+                                        [--set tables|rows|early|reduce]
 
 Each variant is (kind, point, tma, ws) with kind "fwd", "dkdv" or "dq", point = (outer,
 inner, warps, stages) as in ``kernels._common`` and tma/ws the Hopper flags. Three phases:
@@ -62,13 +62,24 @@ EARLY_VARIANTS = [("dkdv", (128, 64, 8, 2), False, True, False),
                   ("dq", (128, 64, 8, 3), True, False, False),
                   ("dq", (128, 64, 8, 3), True, False, True),
                   ("dq", (128, 64, 8, 2), True, False, True)]  # kind, point, ws, rows, early
-SETS = ("tables", "rows", "early")
+# The "reduce" set: the non-deterministic backward (dQ added inside the dK/dV kernel) at the
+# dK/dV table point, dQ tiles by one bulk reduce-add each through a descriptor or by
+# per-element fp32 atomics, EARLY off and on.
+REDUCE_VARIANTS = [(reduce, early) for reduce in (True, False) for early in (False, True)]
+SETS = ("tables", "rows", "early", "reduce")
 
 
 def variants(which: str = "tables") -> list[dict]:
     if which not in SETS:
         raise ValueError(f"--set must be one of {SETS}, got {which!r}")
     out = []
+    if which == "reduce":
+        for causal in (False, True):
+            for reduce, early in REDUCE_VARIANTS:
+                out.append(dict(kind="dkdv", point=[128, 64, 8, 2], tma=True, ws=False,
+                                rows=True, early=early, atomic=True, reduce=reduce,
+                                others="table", causal=causal))
+        return out
     if which == "early":
         for causal in (False, True):
             for kind, pt, ws, rows, early in EARLY_VARIANTS:
@@ -104,6 +115,9 @@ def _forced(var: dict | None):
         def __enter__(self):
             self.orig_lp = _common.launch_point
             self.orig_hf = fa._hopper_flags
+            self.orig_ur = _common.use_reduce
+            if var is not None and "reduce" in var:
+                _common.use_reduce = lambda device: bool(var["reduce"]) and self.orig_ur(device)
 
             def lp(kind, *a, **k):
                 if var is not None and kind == var["kind"]:
@@ -131,6 +145,7 @@ def _forced(var: dict | None):
         def __exit__(self, *exc):
             _common.launch_point = self.orig_lp
             fa._hopper_flags = self.orig_hf
+            _common.use_reduce = self.orig_ur
             return False
 
     return Ctx()
@@ -233,6 +248,7 @@ def time_all(dtype, D: int, compiled: list[dict], log) -> dict:
                 res["variants"].append(rec)
                 log(f"{var['kind']} {var['point']} tma={var['tma']} ws={var['ws']} "
                     f"rows={bool(var.get('rows'))} early={bool(var.get('early'))} "
+                    f"reduce={var.get('reduce')} "
                     f"atomic={bool(var.get('atomic'))} causal={causal}: "
                     f"{rec.get('ms', rec.get('time_error'))}")
     return res
@@ -247,8 +263,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shard", default=None, help="internal: i/n, compile phase")
     ap.add_argument("--compile-timeout", type=float, default=300)
     ap.add_argument("--set", default="tables", choices=SETS,
-                    help="which variants: the set behind the tables, the dK/dV row set, or "
-                         "the backward kernels' dP order")
+                    help="which variants: the set behind the tables, the dK/dV row set, "
+                         "the backward kernels' dP order, or the non-deterministic dQ adds")
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     out = Path(args.out)
