@@ -395,9 +395,10 @@ def use_row_tma(kind: str, elem: int, block_d: int) -> bool:
 def use_reduce(device: torch.device) -> bool:
     """Whether the non-deterministic backward adds its dQ tiles into the fp32 accumulator by
     bulk tensor reduce-adds through a descriptor (one per tile) instead of per-element
-    atomics: on sm_90 and later unless the TMA mode is "off" (the layout is checked by the
-    launcher). Never under the interpreter, which has no descriptor reduce."""
-    return (_tma_mode[0] != "off" and not INTERPRET and device.type == "cuda"
+    atomics: on sm_90 and later when the TMA mode is "on" (the layout is checked by the
+    launcher). "auto" leaves it off until it has been timed and run on the H200 (sweep set
+    "reduce"). Never under the interpreter, which has no descriptor reduce."""
+    return (_tma_mode[0] == "on" and not INTERPRET and device.type == "cuda"
             and torch.cuda.get_device_capability(device)[0] >= 9)
 
 

@@ -1048,7 +1048,8 @@ def _backward(do, q, k, v, out, lse, p: Problem, deterministic: bool, allow_tf32
     consts = _common_consts(p, q.dtype, allow_tf32)
     consts["ALIGNED"] = _aligned(q, k, v, do, out, dk, dq_acc)
     # dQ without determinism: fp32 atomics per element (1), or one bulk reduce-add per tile
-    # through a descriptor (2) where the device and the accumulator's layout allow.
+    # through a descriptor (2) where the TMA mode, the device and the accumulator's layout
+    # allow (_common.use_reduce).
     atomic = 0 if deterministic else (
         2 if _common.use_reduce(dev) and _tma_layout_ok(dq_acc) else 1)
     pre_block = 16 if INTERPRET else 64

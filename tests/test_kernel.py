@@ -283,12 +283,15 @@ def test_non_sdpa_entries(fn, tf32, name):
 
 @pytest.mark.parametrize("name", ["fp16", "bf16-causal-gqa", "D111", "Nq!=Nk", "key-padding",
                                   "window-causal-br", "bnhd"])
-def test_atomic_dq_matches_fp64(name):
-    # dQ added inside the dK/dV kernel: per-element fp32 atomics, or on sm_90+ GPUs one bulk
-    # tensor reduce-add per tile (rows past Nq, columns past D clipped by the copy engine).
+@pytest.mark.parametrize("tma", ["auto", "on"])
+def test_atomic_dq_matches_fp64(name, tma):
+    # dQ added inside the dK/dV kernel: per-element fp32 atomics, or with TMA "on" on sm_90+
+    # GPUs one bulk tensor reduce-add per tile (rows past Nq, columns past D clipped by the
+    # copy engine; the interpreter keeps the per-element atomics).
     case = DOMAIN[name]
     _skip_bf16(DTYPES[case.get("dtype", "fp16")])
-    _check(fa.attention_atomic, case)
+    with _common.tma(tma):
+        _check(fa.attention_atomic, case)
 
 
 def test_fully_masked_rows_are_exact_zero():

@@ -202,3 +202,39 @@ def test_last_tile_first_only_under_an_upper_bounded_band():
     assert flags("fwd", is_causal=True) and flags("dq", is_causal=True)
     assert not flags("dkdv", is_causal=True)          # its longest tiles are the first ones
     assert not flags("fwd") and not flags("fwd", window=(4, 4))
+
+
+def test_reduced_dq_accumulator_goes_to_the_kernel_as_a_descriptor(monkeypatch):
+    # The bulk reduce-add path (deterministic=False, use_reduce) cannot run under the
+    # interpreter; its launch can: the fp32 accumulator replaces DQ (argument 9) as a
+    # descriptor with the kernel's query-tile rows, ATOMIC_DQ is 2, and the autotuner's
+    # reset_to_zero can zero it through the descriptor.
+    captured = {}
+    use_reduce = _common.use_reduce
+
+    class _Capture:
+        def __getitem__(self, grid):
+            def run(*args, **kw):
+                captured.update(args=args, kw=kw)
+            return run
+
+    monkeypatch.setitem(fa._PATHS, "dkdv", (_Capture(), _Capture(), "BLOCK_N", "BLOCK_M"))
+    monkeypatch.setattr(_common, "use_reduce", lambda device: True)
+    q, k, v, do = _inputs(40, 40, 24, 2, 2)
+    p = _common.validate(q, k, v, None, 0.0, True, None, False, None, "top_left")
+    out, lse = fa._forward(q, k, v, p, False)
+    fa._backward(do, q, k, v, out, lse, p, False, False)
+    acc, kw = captured["args"][9], captured["kw"]
+    assert kw["ATOMIC_DQ"] == 2
+    assert isinstance(acc, fa._AccumDescriptor)
+    assert acc.base.dtype == torch.float32 and tuple(acc.base.shape) == (2, 2, 40, 24)
+    assert acc.block_shape == [1, 1, kw["BLOCK_M"], fa.block_d(24)]
+    acc.base.fill_(1.0)
+    acc.zero_()
+    assert not acc.base.any()
+    captured.clear()
+    monkeypatch.setattr(_common, "use_reduce", lambda device: False)
+    fa._backward(do, q, k, v, out, lse, p, False, False)
+    assert captured["kw"]["ATOMIC_DQ"] == 1 and isinstance(captured["args"][9], torch.Tensor)
+    with _common.tma("on"):
+        assert not use_reduce(torch.device("cpu"))   # no descriptor reduce off the GPU
