@@ -402,6 +402,30 @@ def use_reduce(device: torch.device) -> bool:
             and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
+def use_ordered_dq(device: torch.device) -> bool:
+    """Whether the deterministic backward may add its dQ tiles inside the dK/dV kernel in a
+    fixed order (per query tile a counter hands the tile from one key-tile program to the
+    next; five products per tile pair instead of the separate dQ kernel's seven), where the
+    launcher's conditions hold (``flash_attention._ordered_dq``). Off until it has been run
+    and timed on the H200 (sweep set "reduce"); tests and the sweep turn it on with
+    :func:`ordered_dq`."""
+    return _ordered_mode[0]
+
+
+_ordered_mode = [False]
+
+
+@contextlib.contextmanager
+def ordered_dq(on: bool = True):
+    """Context: :func:`use_ordered_dq` answers ``on`` inside it."""
+    old = _ordered_mode[0]
+    _ordered_mode[0] = bool(on)
+    try:
+        yield
+    finally:
+        _ordered_mode[0] = old
+
+
 def set_tuning(mode: str) -> None:
     """Select how launch configurations are chosen for every later call.
 
