@@ -68,6 +68,7 @@ EARLY_VARIANTS = [("dkdv", (128, 64, 8, 2), False, True, False),
 # Beside them, the deterministic backward with its dQ added inside the dK/dV kernel in a fixed
 # order (ORDERED; no band, so not causal), each variant checked for bitwise repeats.
 REDUCE_VARIANTS = [(reduce, early) for reduce in (True, False) for early in (False, True)]
+ORDERED_POINTS = [(128, 32, 8, 2), (128, 32, 8, 3), (64, 64, 4, 2), (128, 64, 8, 1)]
 SETS = ("tables", "rows", "early", "reduce")
 
 
@@ -85,6 +86,15 @@ def variants(which: str = "tables") -> list[dict]:
             out.append(dict(kind="dkdv", point=[128, 64, 8, 2], tma=True, ws=False,
                             rows=True, early=early, ordered=True, reduce=reduce,
                             others="table", causal=False))
+        # Smaller query tiles: a smaller dQ tile in registers beside dK and dV.
+        for causal in (False, True):
+            out.append(dict(kind="dkdv", point=[128, 32, 8, 2], tma=True, ws=False, rows=True,
+                            early=False, atomic=True, reduce=True, others="table",
+                            causal=causal))
+        for pt in ORDERED_POINTS:
+            out.append(dict(kind="dkdv", point=list(pt), tma=True, ws=False, rows=True,
+                            early=False, ordered=True, reduce=True, others="table",
+                            causal=False))
         return out
     if which == "early":
         for causal in (False, True):
