@@ -395,35 +395,13 @@ def use_row_tma(kind: str, elem: int, block_d: int) -> bool:
 def use_reduce(device: torch.device) -> bool:
     """Whether the non-deterministic backward adds its dQ tiles into the fp32 accumulator by
     bulk tensor reduce-adds through a descriptor (one per tile) instead of per-element
-    atomics: on sm_90 and later when the TMA mode is "on" (the layout is checked by the
-    launcher). "auto" leaves it off until it has been timed and run on the H200 (sweep set
-    "reduce"). Never under the interpreter, which has no descriptor reduce."""
-    return (_tma_mode[0] == "on" and not INTERPRET and device.type == "cuda"
+    atomics: on sm_90 and later unless the TMA mode is "off" (the layout is checked by the
+    launcher). On the H200 at bf16, D = 128, N = 4096 the whole atomic backward takes
+    15.4 ms with them against 31.9 ms with per-element atomics (causal 10.3 against 18.4;
+    docs/benchmarks/sweep.md, round 6). Never under the interpreter, which has no
+    descriptor reduce."""
+    return (_tma_mode[0] != "off" and not INTERPRET and device.type == "cuda"
             and torch.cuda.get_device_capability(device)[0] >= 9)
-
-
-def use_ordered_dq(device: torch.device) -> bool:
-    """Whether the deterministic backward may add its dQ tiles inside the dK/dV kernel in a
-    fixed order (per query tile a counter hands the tile from one key-tile program to the
-    next; five products per tile pair instead of the separate dQ kernel's seven), where the
-    launcher's conditions hold (``flash_attention._ordered_dq``). Off until it has been run
-    and timed on the H200 (sweep set "reduce"); tests and the sweep turn it on with
-    :func:`ordered_dq`."""
-    return _ordered_mode[0]
-
-
-_ordered_mode = [False]
-
-
-@contextlib.contextmanager
-def ordered_dq(on: bool = True):
-    """Context: :func:`use_ordered_dq` answers ``on`` inside it."""
-    old = _ordered_mode[0]
-    _ordered_mode[0] = bool(on)
-    try:
-        yield
-    finally:
-        _ordered_mode[0] = old
 
 
 def set_tuning(mode: str) -> None:

@@ -9,7 +9,7 @@ bf16, D = 128, N = 4K, causal and not), it times:
 - this package's FA2 kernel (``kernels.attention``) in the ``"autotune"`` tuning mode
   (``kernels.tuning``; recorded as ``meta["tuning"]``): forward, backward, forward+backward;
   and the same with ``deterministic=False`` (``triton-fa2-atomic``: dQ added inside the
-  dK/dV kernel; by bulk reduce-adds of fp32 tiles with ``FLASHCHECK_TMA=on`` on sm_90+);
+  dK/dV kernel; by bulk reduce-adds of fp32 tiles on sm_90+ unless ``FLASHCHECK_TMA=off``);
 - SDPA with the flash, cuDNN and efficient backends (``torch.nn.attention.sdpa_kernel``);
 - FlexAttention: one ``torch.compile(flex_attention, dynamic=False)`` per process, so each
   shape is compiled exactly once (at its warm-up call); the dynamo recompile limits are

@@ -541,33 +541,6 @@ def _row_stats_desc(desc_lse, desc_delta, off_bh, start_m, BLOCK_M: tl.constexpr
 
 
 @triton.jit
-def _dq_turn(sem, rank, SPIN: tl.constexpr):
-    """Wait until ``rank`` dQ tiles have been added into this query tile (its counter
-    ``sem``): the ordered adds' turn. Without SPIN (the interpreter runs programs one after
-    another) nothing is waited for."""
-    if SPIN:
-        cur = tl.atomic_add(sem, 0, sem="acquire", scope="gpu")
-        while cur != rank:
-            cur = tl.atomic_add(sem, 0, sem="acquire", scope="gpu")
-        # The bulk reduce-add that follows runs in the async proxy: order it after the read.
-        tl.inline_asm_elementwise("fence.proxy.async.global;\n\tmov.u32 $0, $1;", "=r,r",
-                                  [cur], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _dq_done(sem, ATOMIC_DQ: tl.constexpr, SPIN: tl.constexpr):
-    """Hand the query tile of counter ``sem`` to the next adder: once this program's add has
-    completed (a bulk reduce-add: its completion, not only the read of its shared-memory
-    source) and every thread is past it, one release increment."""
-    if SPIN and ATOMIC_DQ == 2:
-        tl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;"
-                                  "\n\tmov.u32 $0, $1;", "=r,r", [tl.program_id(0)],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-    tl.debug_barrier()
-    tl.atomic_add(sem, 1, sem="release", scope="gpu")
-
-
-@triton.jit
 def _dkdv_inner(dk, dv, cnt, k, v, q_base, do_base, m_base, lse_base, delta_base, dq_base,
                 offs_n, start, end,
                 stride_qm, stride_qd, stride_dom, stride_dod, stride_mm, stride_mn,
@@ -577,21 +550,9 @@ def _dkdv_inner(dk, dv, cnt, k, v, q_base, do_base, m_base, lse_base, delta_base
                 MASK_KIND: tl.constexpr, PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
                 desc_q, desc_do, desc_lse, desc_delta, off_z, off_h, off_bh,
-                TMA: tl.constexpr, WS: tl.constexpr, ROWS: tl.constexpr, EARLY: tl.constexpr,
-                sem_base, pid_n, ORDERED: tl.constexpr):
+                TMA: tl.constexpr, WS: tl.constexpr, ROWS: tl.constexpr, EARLY: tl.constexpr):
     offs_d = tl.arange(0, BLOCK_D)
-    if ORDERED != 0:
-        # Ordered dQ adds (no band, Nq a multiple of BLOCK_M, the query tiles a multiple c of
-        # the key-tile programs n): program j visits query tile m at step (m + j*c) mod M,
-        # and is the ((m // c + j) mod n)-th to add into it, c steps after the one before.
-        m_tiles = N_CTX_Q // BLOCK_M
-        n_prog = tl.num_programs(0)
-        rot_c = m_tiles // n_prog
-        rot = (m_tiles - pid_n * rot_c) % m_tiles
-    held = -1  # the query tile whose add this program has yet to hand on
     for start_m in tl.range(start, end, BLOCK_M, warp_specialize=WS):
-        if ORDERED != 0:
-            start_m = ((start_m // BLOCK_M + rot) % m_tiles) * BLOCK_M
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + tl.arange(0, BLOCK_M)
         if TMA:
@@ -625,33 +586,23 @@ def _dkdv_inner(dk, dv, cnt, k, v, q_base, do_base, m_base, lse_base, delta_base
         dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=PRECISION)
         if ATOMIC_DQ != 0:
             dq = tl.dot(tl.trans(dsT).to(k.dtype), k, input_precision=PRECISION) * sm_scale
-            if ORDERED != 0:
-                # The previous tile's add had this step's products to complete in.
-                if held >= 0:
-                    _dq_done(sem_base + held, ATOMIC_DQ, ORDERED == 1)
-                m_idx = start_m // BLOCK_M
-                _dq_turn(sem_base + m_idx, (m_idx // rot_c + pid_n) % n_prog, ORDERED == 1)
-                held = m_idx
             if ATOMIC_DQ == 2:
                 # One bulk tensor reduce-add of the tile (rows past Nq, columns past D clipped).
                 dq_base.atomic_add([off_z.to(tl.int32), off_h.to(tl.int32), start_m, 0],
                                    tl.reshape(dq, [1, 1, BLOCK_M, BLOCK_D]))
             else:
-                # Relaxed: nothing reads the accumulator before the kernel ends, or (ORDERED)
-                # before the release that hands the tile on.
+                # Relaxed (Triton's default is acq_rel, a fence per element): nothing reads
+                # the accumulator before the kernel ends.
                 tl.atomic_add(dq_base + offs_m[:, None] * stride_dqm
                               + offs_d[None, :] * stride_dqd, dq,
                               mask=(offs_m[:, None] < N_CTX_Q) & (offs_d[None, :] < HEAD_DIM),
                               sem="relaxed")
         cnt += 1
-    if ORDERED != 0:
-        if held >= 0:
-            _dq_done(sem_base + held, ATOMIC_DQ, ORDERED == 1)
     return dk, dv, cnt
 
 
 @_no_spec
-def _bwd_dkdv_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, STATS, SEM, DESC_Q, DESC_DO,
+def _bwd_dkdv_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, STATS, DESC_Q, DESC_DO,
                      DESC_LSE, DESC_DELTA,
                      stride_qz, stride_qh, stride_qm, stride_qd,
                      stride_kz, stride_kh, stride_kn, stride_kd,
@@ -668,7 +619,7 @@ def _bwd_dkdv_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, STATS, SEM, DE
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
                      EVEN_N: tl.constexpr, PAD_D: tl.constexpr, ALIGNED: tl.constexpr,
                      TMA: tl.constexpr, WS: tl.constexpr, REVERSE: tl.constexpr,
-                     ROWS: tl.constexpr, EARLY: tl.constexpr, ORDERED: tl.constexpr = 0):
+                     ROWS: tl.constexpr, EARLY: tl.constexpr):
     stride_qz, stride_qh, stride_qm = \
         _a16(stride_qz, ALIGNED), _a16(stride_qh, ALIGNED), _a16(stride_qm, ALIGNED)
     stride_kz, stride_kh, stride_kn = \
@@ -717,8 +668,6 @@ def _bwd_dkdv_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, STATS, SEM, DE
             dq_base = DQ  # a descriptor over the fp32 (B, H, Nq, D) accumulator
         else:
             dq_base = DQ + off_z * stride_dqz + off_h * stride_dqh
-        # ORDERED: one add counter per query tile of this head.
-        sem_base = SEM + off_bh * (N_CTX_Q // BLOCK_M)
         if BAND:
             dk, dv, n_edge = _dkdv_inner(
                 dk, dv, n_edge, k, v, q_base, do_base, m_base, lse_base, delta_base, dq_base,
@@ -726,16 +675,14 @@ def _bwd_dkdv_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, STATS, SEM, DE
                 stride_mm, stride_mn, stride_dqm, stride_dqd, N_CTX_Q, N_CTX_K, HEAD_DIM,
                 qk_scale, sm_scale, lo_off, hi_off, True, BAND, MASK_KIND,
                 PRECISION, ATOMIC_DQ, BLOCK_M, BLOCK_D, PAD_D,
-                DESC_Q, DESC_DO, DESC_LSE, DESC_DELTA, off_z, off_h, row_bh, TMA, WS, ROWS, EARLY,
-                sem_base, pid_n, ORDERED)
+                DESC_Q, DESC_DO, DESC_LSE, DESC_DELTA, off_z, off_h, row_bh, TMA, WS, ROWS, EARLY)
         dk, dv, n_full = _dkdv_inner(
             dk, dv, n_full, k, v, q_base, do_base, m_base, lse_base, delta_base, dq_base,
             offs_n, full_lo, full_hi, stride_qm, stride_qd, stride_dom, stride_dod,
             stride_mm, stride_mn, stride_dqm, stride_dqd, N_CTX_Q, N_CTX_K, HEAD_DIM,
             qk_scale, sm_scale, lo_off, hi_off, False, BAND, MASK_KIND,
             PRECISION, ATOMIC_DQ, BLOCK_M, BLOCK_D, PAD_D,
-            DESC_Q, DESC_DO, DESC_LSE, DESC_DELTA, off_z, off_h, row_bh, TMA, WS, ROWS, EARLY,
-                sem_base, pid_n, ORDERED)
+            DESC_Q, DESC_DO, DESC_LSE, DESC_DELTA, off_z, off_h, row_bh, TMA, WS, ROWS, EARLY)
         if BAND or not EVEN_M:
             dk, dv, n_edge = _dkdv_inner(
                 dk, dv, n_edge, k, v, q_base, do_base, m_base, lse_base, delta_base, dq_base,
@@ -743,8 +690,7 @@ def _bwd_dkdv_kernel_impl(Q, K, V, M, DO, LSE, DELTA, DK, DV, DQ, STATS, SEM, DE
                 stride_mm, stride_mn, stride_dqm, stride_dqd, N_CTX_Q, N_CTX_K, HEAD_DIM,
                 qk_scale, sm_scale, lo_off, hi_off, True, BAND, MASK_KIND,
                 PRECISION, ATOMIC_DQ, BLOCK_M, BLOCK_D, PAD_D,
-                DESC_Q, DESC_DO, DESC_LSE, DESC_DELTA, off_z, off_h, row_bh, TMA, WS, ROWS, EARLY,
-                sem_base, pid_n, ORDERED)
+                DESC_Q, DESC_DO, DESC_LSE, DESC_DELTA, off_z, off_h, row_bh, TMA, WS, ROWS, EARLY)
     dk = dk * sm_scale
     st_mask = (offs_n[:, None] < N_CTX_K) & (offs_d[None, :] < HEAD_DIM)
     # DK and DV are allocated by the launcher with identical (contiguous) strides.
@@ -1087,31 +1033,6 @@ def _forward(q, k, v, p: Problem, allow_tf32: bool, stats: list | None = None):
     return out, lse
 
 
-def _ordered_dq(p: Problem, q: torch.Tensor) -> tuple[int, int] | None:
-    """(BLOCK_M, SPIN) if the deterministic backward adds dQ inside the dK/dV kernel in a
-    fixed order, else None: where ``_common.use_ordered_dq`` allows, in heuristic mode (the
-    tile sizes known here), without a band, with Nq a multiple of the query tile and the
-    query tiles a multiple of the key-tile programs (the rotation of ``_dkdv_inner``), and on
-    a GPU with no more key-tile programs per head than multiprocessors: each program waits
-    for the one before it on every query tile, cyclically, so all of a head's programs must
-    be able to run at once. SPIN: 1 on a GPU, 2 under the interpreter (programs run one
-    after another: the order is theirs, nothing is waited for)."""
-    if not _common.use_ordered_dq(q.device) or _band_args(p)[0]:
-        return None
-    if q.is_cuda and not INTERPRET and _common.get_tuning() != "heuristic":
-        return None
-    outer, inner, _, _ = _common.launch_point("dkdv", block_d(p.D), q.element_size(),
-                                              p.is_causal, q.device)
-    n_prog, m_tiles = triton.cdiv(p.Nk, outer), p.Nq // inner
-    if p.Nq % inner or m_tiles % n_prog:
-        return None
-    if INTERPRET:
-        return inner, 2
-    if q.is_cuda and n_prog > torch.cuda.get_device_properties(q.device).multi_processor_count:
-        return None
-    return inner, 1
-
-
 def _backward(do, q, k, v, out, lse, p: Problem, deterministic: bool, allow_tf32: bool,
               stats: list | None = None):
     """FA2 backward: delta preprocess, dK/dV per K tile, dQ per Q tile (or atomic dQ)."""
@@ -1120,24 +1041,19 @@ def _backward(do, q, k, v, out, lse, p: Problem, deterministic: bool, allow_tf32
     delta = torch.empty((p.B, p.Hq, p.Nq), dtype=torch.float32, device=dev)
     dk = torch.empty((p.B, p.Hkv, p.Nk, p.D), dtype=q.dtype, device=dev)
     dv = torch.empty_like(dk)
-    ordered = _ordered_dq(p, q) if deterministic else None
-    separate = deterministic and ordered is None  # dQ by its own kernel
-    if separate:
+    if deterministic:
         dq = torch.empty((p.B, p.Hq, p.Nq, p.D), dtype=q.dtype, device=dev)
         dq_acc = dq
     else:
         dq_acc = torch.zeros((p.B, p.Hq, p.Nq, p.D), dtype=torch.float32, device=dev)
-    # ORDERED: one add counter per (batch, head, query tile).
-    sem = None if ordered is None else torch.zeros(
-        p.B * p.Hq * (p.Nq // ordered[0]), dtype=torch.int32, device=dev)
     mask = _mask_arg(p, q)
     count = stats is not None
     consts = _common_consts(p, q.dtype, allow_tf32)
     consts["ALIGNED"] = _aligned(q, k, v, do, out, dk, dq_acc)
-    # dQ inside the dK/dV kernel (without determinism, or ordered): fp32 atomics per element
-    # (1), or one bulk reduce-add per tile through a descriptor (2) where the TMA mode, the
-    # device and the accumulator's layout allow (_common.use_reduce).
-    atomic = 0 if separate else (
+    # dQ without determinism: fp32 atomics per element (1), or one bulk reduce-add per tile
+    # through a descriptor (2) where the TMA mode, the device and the accumulator's layout
+    # allow (_common.use_reduce).
+    atomic = 0 if deterministic else (
         2 if _common.use_reduce(dev) and _tma_layout_ok(dq_acc) else 1)
     pre_block = 16 if INTERPRET else 64
     with _device_ctx(q):
@@ -1146,16 +1062,14 @@ def _backward(do, q, k, v, out, lse, p: Problem, deterministic: bool, allow_tf32
             BLOCK_M=pre_block, BLOCK_D=Dp, ALIGNED=consts["ALIGNED"])
         buf_kv = _stats_buffer(count, triton.cdiv(p.Nk, 16) * p.B * p.Hkv, dev)
         _launch("dkdv", lambda m: (triton.cdiv(p.Nk, m["BLOCK_N"]), p.B * p.Hkv),
-                (q, k, v, mask, do, lse, delta, dk, dv, dq_acc, buf_kv if count else lse,
-                 lse if sem is None else sem),
+                (q, k, v, mask, do, lse, delta, dk, dv, dq_acc, buf_kv if count else lse),
                 (q, do), (
             *q.stride(), *k.stride(), *v.stride(), *_strides(p.mask), *do.stride(),
             *dk.stride(), *dq_acc.stride(),
             p.Hkv, p.group, p.Nq, p.Nk, p.D, p.scale * LOG2E, p.scale, *_band_args(p)[1:]),
-            dict(ATOMIC_DQ=atomic, COUNT_TILES=count, **consts,
-                 ORDERED=0 if ordered is None else ordered[1]), p, q,
+            dict(ATOMIC_DQ=atomic, COUNT_TILES=count, **consts), p, q,
             rows=(lse, delta), reduced=9 if atomic == 2 else None)
-        if separate:
+        if deterministic:
             buf_q = _stats_buffer(count, triton.cdiv(p.Nq, 16) * p.B * p.Hq, dev)
             _launch("dq", lambda m: (triton.cdiv(p.Nq, m["BLOCK_M"]), p.B * p.Hq),
                     (q, k, v, mask, do, lse, delta, dq, buf_q if count else lse), (k, v), (
@@ -1167,7 +1081,7 @@ def _backward(do, q, k, v, out, lse, p: Problem, deterministic: bool, allow_tf32
             dq = dq_acc.to(q.dtype)
     if count:
         stats.append(("dkdv", buf_kv))
-        if separate:
+        if deterministic:
             stats.append(("dq", buf_q))
     return dq, dk, dv
 

@@ -240,22 +240,19 @@ def _varlen_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K,
                 offs_n, lo, full_lo, stride_qt, stride_qd, stride_dot, stride_dod, 0, 0, 0, 0,
                 len_q, len_k, HEAD_DIM, qk_scale, sm_scale, lo_off, hi_off, True, BAND, 0,
                 PRECISION, False, BLOCK_M, BLOCK_D, PAD_D,
-                q_base, q_base, q_base, q_base, 0, 0, 0, False, False, False, False,
-                q_base, 0, 0)
+                q_base, q_base, q_base, q_base, 0, 0, 0, False, False, False, False)
         dk, dv, cnt = _dkdv_inner(
             dk, dv, cnt, k, v, q_base, do_base, q_base, lse_base, delta_base, q_base,
             offs_n, full_lo, full_hi, stride_qt, stride_qd, stride_dot, stride_dod, 0, 0, 0, 0,
             len_q, len_k, HEAD_DIM, qk_scale, sm_scale, lo_off, hi_off, False, BAND, 0,
             PRECISION, False, BLOCK_M, BLOCK_D, PAD_D,
-            q_base, q_base, q_base, q_base, 0, 0, 0, False, False, False, False,
-            q_base, 0, 0)
+            q_base, q_base, q_base, q_base, 0, 0, 0, False, False, False, False)
         dk, dv, cnt = _dkdv_inner(
             dk, dv, cnt, k, v, q_base, do_base, q_base, lse_base, delta_base, q_base,
             offs_n, full_hi, hi, stride_qt, stride_qd, stride_dot, stride_dod, 0, 0, 0, 0,
             len_q, len_k, HEAD_DIM, qk_scale, sm_scale, lo_off, hi_off, True, BAND, 0,
             PRECISION, False, BLOCK_M, BLOCK_D, PAD_D,
-            q_base, q_base, q_base, q_base, 0, 0, 0, False, False, False, False,
-            q_base, 0, 0)
+            q_base, q_base, q_base, q_base, 0, 0, 0, False, False, False, False)
     st_mask = (offs_n[:, None] < len_k) & (offs_d[None, :] < HEAD_DIM)
     # DK and DV are allocated by the launcher with identical (contiguous) strides.
     ptrs = (k_start + offs_n[:, None]) * stride_dkt + off_hk * stride_dkh \

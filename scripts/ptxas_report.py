@@ -205,8 +205,7 @@ def run(*, D: int, dtype: torch.dtype, sweep: bool, ptx_dir: Path | None,
                         f"{' rows' if var.get('rows') else ''}"
                         f"{' early' if var.get('early') else ''}"
                         f"{' atomic' if var.get('atomic') else ''}"
-                        f"{' reduce' if var.get('reduce') else ''}"
-                        f"{' ordered' if var.get('ordered') else ''}") + f" causal={causal}"
+                        f"{' reduce' if var.get('reduce') else ''}") + f" causal={causal}"
             # The table's launch as it is; a sweep variant forced as the sweep forces it.
             try:
                 with contextlib.nullcontext() if var is None else sw._forced(var):

@@ -283,65 +283,15 @@ def test_non_sdpa_entries(fn, tf32, name):
 
 @pytest.mark.parametrize("name", ["fp16", "bf16-causal-gqa", "D111", "Nq!=Nk", "key-padding",
                                   "window-causal-br", "bnhd"])
-@pytest.mark.parametrize("tma", ["auto", "on"])
+@pytest.mark.parametrize("tma", ["off", "auto"])
 def test_atomic_dq_matches_fp64(name, tma):
-    # dQ added inside the dK/dV kernel: per-element fp32 atomics, or with TMA "on" on sm_90+
-    # GPUs one bulk tensor reduce-add per tile (rows past Nq, columns past D clipped by the
-    # copy engine; the interpreter keeps the per-element atomics).
+    # dQ added inside the dK/dV kernel: per-element fp32 atomics with TMA "off", on sm_90+
+    # GPUs otherwise one bulk tensor reduce-add per tile (rows past Nq, columns past D clipped
+    # by the copy engine; the interpreter keeps the per-element atomics).
     case = DOMAIN[name]
     _skip_bf16(DTYPES[case.get("dtype", "fp16")])
     with _common.tma(tma):
         _check(fa.attention_atomic, case)
-
-
-# Shapes where the ordered dQ adds apply both under the interpreter (16 x 16 tiles) and on a GPU
-# (the table's dK/dV points): Nq a multiple of the query tile, the query tiles a multiple of
-# the key-tile programs.
-ORDERED = {
-    "fp16": dict(shape=(1, 2, 2, 128, 64, 24)),
-    "fp32-gqa": dict(shape=(2, 4, 2, 128, 64, 16), dtype="fp32"),
-    "bf16-D72": dict(shape=(1, 2, 1, 256, 128, 72), dtype="bf16"),
-    "Nk-tail-mask": dict(shape=(1, 2, 2, 128, 60, 16), mask=("add", "qk")),
-    "bnhd": dict(shape=(1, 2, 2, 128, 64, 32), layout="bnhd"),
-}
-
-
-@pytest.mark.parametrize("name", list(ORDERED))
-def test_ordered_dq_adds_match_fp64_and_repeat_bitwise(name):
-    # The deterministic backward with dQ added inside the dK/dV kernel, each query tile's adds
-    # taken in a fixed order (per-tile counters; the interpreter runs the programs in turn).
-    case = ORDERED[name]
-    _skip_bf16(DTYPES[case.get("dtype", "fp16")])
-    q, k, v, do, kw = _build(case)
-    p = _common.validate(q, k, v, kw["attn_mask"], 0.0, kw["is_causal"], kw["scale"],
-                         kw["enable_gqa"], kw["window"], kw["causal_alignment"])
-    with _common.ordered_dq():
-        assert fa._ordered_dq(p, q) is not None
-        _check(attention, case)
-        runs = [torch.autograd.grad(attention(q, k, v, **kw), (q, k, v), do) for _ in range(2)]
-    for a, b in zip(*runs, strict=True):
-        assert torch.equal(a, b)
-
-
-def test_ordered_dq_adds_only_where_their_order_is_defined():
-    # A band, Nq off the query tile, or query tiles not a multiple of the key-tile programs:
-    # the separate dQ kernel, bit for bit the default path.
-    cases = [dict(shape=(1, 1, 1, 128, 64, 16), causal=True),
-             dict(shape=(1, 1, 1, 120, 64, 16)),
-             dict(shape=(1, 1, 1, 128, 64, 16), window=(8, 8)),
-             dict(shape=(1, 1, 1, 48, 64, 16)) if DEVICE == "cpu" else
-             dict(shape=(1, 1, 1, 192, 256, 16))]
-    for case in cases:
-        q, k, v, do, kw = _build(case)
-        p = _common.validate(q, k, v, None, 0.0, kw["is_causal"], None, False, kw["window"],
-                             "top_left")
-        plain = torch.autograd.grad(attention(q, k, v, **kw), (q, k, v), do)
-        with _common.ordered_dq():
-            assert fa._ordered_dq(p, q) is None, case
-            got = torch.autograd.grad(attention(q, k, v, **kw), (q, k, v), do)
-        for a, b in zip(plain, got, strict=True):
-            assert torch.equal(a, b)
-    assert not _common.use_ordered_dq(torch.device(DEVICE))  # off by default
 
 
 def test_fully_masked_rows_are_exact_zero():

@@ -65,10 +65,7 @@ EARLY_VARIANTS = [("dkdv", (128, 64, 8, 2), False, True, False),
 # The "reduce" set: the non-deterministic backward (dQ added inside the dK/dV kernel) at the
 # dK/dV table point, dQ tiles by one bulk reduce-add each through a descriptor or by
 # per-element fp32 atomics, EARLY off and on.
-# Beside them, the deterministic backward with its dQ added inside the dK/dV kernel in a fixed
-# order (ORDERED; no band, so not causal), each variant checked for bitwise repeats.
 REDUCE_VARIANTS = [(reduce, early) for reduce in (True, False) for early in (False, True)]
-ORDERED_POINTS = [(128, 32, 8, 2), (128, 32, 8, 3), (64, 64, 4, 2), (128, 64, 8, 1)]
 SETS = ("tables", "rows", "early", "reduce")
 
 
@@ -82,19 +79,11 @@ def variants(which: str = "tables") -> list[dict]:
                 out.append(dict(kind="dkdv", point=[128, 64, 8, 2], tma=True, ws=False,
                                 rows=True, early=early, atomic=True, reduce=reduce,
                                 others="table", causal=causal))
-        for reduce, early in REDUCE_VARIANTS:
-            out.append(dict(kind="dkdv", point=[128, 64, 8, 2], tma=True, ws=False,
-                            rows=True, early=early, ordered=True, reduce=reduce,
-                            others="table", causal=False))
         # Smaller query tiles: a smaller dQ tile in registers beside dK and dV.
         for causal in (False, True):
             out.append(dict(kind="dkdv", point=[128, 32, 8, 2], tma=True, ws=False, rows=True,
                             early=False, atomic=True, reduce=True, others="table",
                             causal=causal))
-        for pt in ORDERED_POINTS:
-            out.append(dict(kind="dkdv", point=list(pt), tma=True, ws=False, rows=True,
-                            early=False, ordered=True, reduce=True, others="table",
-                            causal=False))
         return out
     if which == "early":
         for causal in (False, True):
@@ -132,8 +121,6 @@ def _forced(var: dict | None):
             self.orig_lp = _common.launch_point
             self.orig_hf = fa._hopper_flags
             self.orig_ur = _common.use_reduce
-            self.orig_ord = _common._ordered_mode[0]
-            _common._ordered_mode[0] = bool(var is not None and var.get("ordered"))
             if var is not None and "reduce" in var:
                 _common.use_reduce = lambda device: bool(var["reduce"])
 
@@ -164,7 +151,6 @@ def _forced(var: dict | None):
             _common.launch_point = self.orig_lp
             fa._hopper_flags = self.orig_hf
             _common.use_reduce = self.orig_ur
-            _common._ordered_mode[0] = self.orig_ord
             return False
 
     return Ctx()
@@ -207,24 +193,12 @@ def compile_shard(shard: int, shards: int, dtype, D: int, out_path: Path,
                 rec["max_diff"] = [float((a.float() - b.float()).abs().max()) for a, b in
                                    zip(got, ref, strict=True)]
                 rec["ok"] = all(d == d for d in rec["max_diff"]) and max(rec["max_diff"]) < 0.5
-                if var.get("ordered"):
-                    rec["repeats_equal"] = _repeats_equal(args, got, 5)
             except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on
                 rec["ok"] = False
                 rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             rec["compile_s"] = round(time.time() - t0, 1)
             f.write(json.dumps(rec) + "\n")
             f.flush()
-
-
-def _repeats_equal(args, first, n: int) -> bool:
-    """Whether ``n`` more deterministic forward+backward calls on ``args`` give every output
-    bit for bit equal to ``first``."""
-    for _ in range(n):
-        again = _fwd_bwd(*args)
-        if not all(torch.equal(a, b) for a, b in zip(again, first, strict=True)):
-            return False
-    return True
 
 
 def _bench(fn) -> tuple[float, float]:
@@ -258,12 +232,6 @@ def _time_variant(var: dict, q, k, v, do, p, out, lse) -> dict:
                 det = not var.get("atomic")
                 rec["first_call_s"], rec["ms"] = _bench(
                     lambda: fa._backward(do, q, k, v, out, lse, p, det, False))
-                if var.get("ordered"):
-                    first = fa._backward(do, q, k, v, out, lse, p, True, False)
-                    rec["repeats_equal"] = all(
-                        all(torch.equal(a, b) for a, b in zip(
-                            fa._backward(do, q, k, v, out, lse, p, True, False), first,
-                            strict=True)) for _ in range(5))
     except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on
         rec["time_error"] = f"{type(e).__name__}: {str(e)[:300]}"
     return rec
@@ -285,8 +253,7 @@ def time_all(dtype, D: int, compiled: list[dict], log) -> dict:
                 res["variants"].append(rec)
                 log(f"{var['kind']} {var['point']} tma={var['tma']} ws={var['ws']} "
                     f"rows={bool(var.get('rows'))} early={bool(var.get('early'))} "
-                    f"reduce={var.get('reduce')} ordered={bool(var.get('ordered'))} "
-                    f"repeats_equal={rec.get('repeats_equal')} "
+                    f"reduce={var.get('reduce')} "
                     f"atomic={bool(var.get('atomic'))} causal={causal}: "
                     f"{rec.get('ms', rec.get('time_error'))}")
     return res
