@@ -311,6 +311,35 @@ def test_gate_update_then_pass_then_over_budget(small_sweep, tmp_path, kfile, ca
     assert "no committed budget" in capsys.readouterr().out
 
 
+def test_an_interrupted_gate_fails_and_writes_no_budgets(small_sweep, tmp_path, kfile, capsys,
+                                                         monkeypatch):
+    """An interrupt (Ctrl-C, SIGTERM, a CI time limit) leaves cases unchecked: the gate exits
+    1 and says how many, whatever the cases that ran gave, and --update writes nothing."""
+    from flashcheck.verify import sweep as sw
+
+    budgets = tmp_path / "b.json"
+    base = ["gate", "--kernel", f"{kfile}:good", "--device", "cpu", "--budgets", str(budgets),
+            "--corpus", str(tmp_path / "empty"), "--out", str(tmp_path / "g"), "--quiet"]
+    (tmp_path / "empty").mkdir()
+    assert cli.main([*base, "--update"]) == 0
+    written = budgets.read_text()
+    real = sw.run_cases
+
+    def cut_short(kernel, cases, device, *, kernel_spec, **kw):  # the first case, then SIGTERM
+        done = real(kernel, cases[:1], device, kernel_spec=kernel_spec, **kw)
+        return done + [sw._not_run(c, kernel_spec, device, sw.INTERRUPTED) for c in cases[1:]]
+
+    monkeypatch.setattr(sw, "run_cases", cut_short)
+    capsys.readouterr()
+    assert cli.main(base) == 1
+    out = capsys.readouterr().out
+    assert "gate: interrupted: 2 of 3 cases not run" in out and "within budget" not in out
+    budgets.unlink()
+    assert cli.main([*base, "--update"]) == 1
+    assert "budgets not written" in capsys.readouterr().out and not budgets.exists()
+    budgets.write_text(written)
+
+
 def test_gate_names_a_corpus_case_added_without_its_budget(small_sweep, tmp_path, kfile, capsys):
     """The committed-budgets workflow: a case copied into the corpus without re-running
     ``--update`` fails the gate, and the gate names the file."""

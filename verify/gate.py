@@ -259,7 +259,7 @@ def run_gate(kernel: Any, *, kernel_spec: str, device: str, profile: str, budget
              case_timeout: float | None = None, strict_subnormals: bool = False,
              api: str = "dense", supervisor: Any | None = None) -> int:
     """The gate (module docstring); ``supervisor``: run the cases in it (``run_cases``)."""
-    from flashcheck.verify.sweep import run_cases
+    from flashcheck.verify.sweep import INTERRUPTED, run_cases
 
     budgets = None if update and not budgets_path.exists() else load_budgets(budgets_path)
     if budgets is not None and not update:
@@ -278,6 +278,16 @@ def run_gate(kernel: Any, *, kernel_spec: str, device: str, profile: str, budget
     R.write_report(rep, out)
     print(f"gate: {n_sweep} sweep cases + {len(cases) - n_sweep} regression "
           f"cases from {corpus}; report in {out}")
+    # An interrupt (Ctrl-C, SIGTERM, a CI time limit) leaves cases unchecked: the gate then
+    # neither passes nor writes budgets from the part that ran.
+    unchecked = sum(r.get("reason") == INTERRUPTED for r in records)
+    if unchecked:
+        for f in rep["failures"][:10]:
+            print(f"FAIL {f['summary']}\n  replay: {f['replay']}")
+        print(f"gate: interrupted: {unchecked} of {len(records)} cases not run; "
+              f"{len(rep['failures'])} failure(s) among those that ran"
+              + ("; budgets not written" if update else "") + f"; report in {out}")
+        return 1
     if update:
         failing = [c["label"] for c in rep["configs"] if c["status"] == "fail"]
         new = budgets_text(make_budgets(rep, kernel_spec=kernel_spec, profile=profile,
