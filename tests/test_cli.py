@@ -311,10 +311,11 @@ def test_gate_update_then_pass_then_over_budget(small_sweep, tmp_path, kfile, ca
     assert "no committed budget" in capsys.readouterr().out
 
 
-def test_an_interrupted_gate_fails_and_writes_no_budgets(small_sweep, tmp_path, kfile, capsys,
-                                                         monkeypatch):
-    """An interrupt (Ctrl-C, SIGTERM, a CI time limit) leaves cases unchecked: the gate exits
-    1 and says how many, whatever the cases that ran gave, and --update writes nothing."""
+def test_an_interrupted_gate_or_run_fails_and_writes_no_budgets(small_sweep, tmp_path, kfile,
+                                                                capsys, monkeypatch):
+    """An interrupt (Ctrl-C, SIGTERM, a CI time limit) leaves cases unchecked: the gate (and
+    `run`) exits 1 and says how many, whatever the cases that ran gave, and --update writes
+    nothing."""
     from flashcheck.verify import sweep as sw
 
     budgets = tmp_path / "b.json"
@@ -338,6 +339,10 @@ def test_an_interrupted_gate_fails_and_writes_no_budgets(small_sweep, tmp_path, 
     assert cli.main([*base, "--update"]) == 1
     assert "budgets not written" in capsys.readouterr().out and not budgets.exists()
     budgets.write_text(written)
+    # `run` too: an interrupt is not a pass.
+    assert cli.main(["run", "--kernel", f"{kfile}:good", "--device", "cpu", "--out",
+                     str(tmp_path / "r"), "--quiet"]) == 1
+    assert "run: interrupted: 2 of 3 cases not run" in capsys.readouterr().out
 
 
 def test_gate_names_a_corpus_case_added_without_its_budget(small_sweep, tmp_path, kfile, capsys):

@@ -140,7 +140,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     device = settle_device(args.device)
     profile = args.profile or ("gpu" if device == "cuda" else "cpu")
     from flashcheck.verify.strategies import fixed_sweep
-    from flashcheck.verify.sweep import run_cases
+    from flashcheck.verify.sweep import INTERRUPTED, run_cases
 
     out = Path(args.out)
     # The kernel is resolved and run only inside supervised workers (verify/supervise.py).
@@ -161,6 +161,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"FAIL {f['summary']}\n  replay: {f['replay']}")
     if len(rep["failures"]) > 10:
         print(f"... and {len(rep['failures']) - 10} more failures in {out / 'failures'}")
+    unchecked = sum(r.get("reason") == INTERRUPTED for r in records)
+    if unchecked:  # an interrupt is not a pass (--budget-s stopping it is)
+        print(f"run: interrupted: {unchecked} of {len(records)} cases not run")
+        return 1
     return 1 if rep["summary"]["fail"] else 0
 
 
