@@ -140,7 +140,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     device = settle_device(args.device)
     profile = args.profile or ("gpu" if device == "cuda" else "cpu")
     from flashcheck.verify.strategies import fixed_sweep
-    from flashcheck.verify.sweep import INTERRUPTED, run_cases
+    from flashcheck.verify.sweep import interrupted, run_cases
 
     out = Path(args.out)
     # The kernel is resolved and run only inside supervised workers (verify/supervise.py).
@@ -157,11 +157,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     paths = R.write_report(rep, out)
     print(R.render_terminal_table(rep))
     print("report: " + ", ".join(str(p) for p in paths.values()))
-    for f in rep["failures"][:10]:
-        print(f"FAIL {f['summary']}\n  replay: {f['replay']}")
-    if len(rep["failures"]) > 10:
-        print(f"... and {len(rep['failures']) - 10} more failures in {out / 'failures'}")
-    unchecked = sum(r.get("reason") == INTERRUPTED for r in records)
+    R.print_failures(rep, more_in=out / "failures")
+    unchecked = interrupted(records)
     if unchecked:  # an interrupt is not a pass (--budget-s stopping it is)
         print(f"run: interrupted: {unchecked} of {len(records)} cases not run")
         return 1

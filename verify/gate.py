@@ -259,7 +259,7 @@ def run_gate(kernel: Any, *, kernel_spec: str, device: str, profile: str, budget
              case_timeout: float | None = None, strict_subnormals: bool = False,
              api: str = "dense", supervisor: Any | None = None) -> int:
     """The gate (module docstring); ``supervisor``: run the cases in it (``run_cases``)."""
-    from flashcheck.verify.sweep import INTERRUPTED, run_cases
+    from flashcheck.verify.sweep import interrupted, run_cases
 
     budgets = None if update and not budgets_path.exists() else load_budgets(budgets_path)
     if budgets is not None and not update:
@@ -280,13 +280,12 @@ def run_gate(kernel: Any, *, kernel_spec: str, device: str, profile: str, budget
           f"cases from {corpus}; report in {out}")
     # An interrupt (Ctrl-C, SIGTERM, a CI time limit) leaves cases unchecked: the gate then
     # neither passes nor writes budgets from the part that ran.
-    unchecked = sum(r.get("reason") == INTERRUPTED for r in records)
+    unchecked = interrupted(records)
     if unchecked:
-        for f in rep["failures"][:10]:
-            print(f"FAIL {f['summary']}\n  replay: {f['replay']}")
+        R.print_failures(rep)
         print(f"gate: interrupted: {unchecked} of {len(records)} cases not run; "
               f"{len(rep['failures'])} failure(s) among those that ran"
-              + ("; budgets not written" if update else "") + f"; report in {out}")
+              + ("; budgets not written" if update else ""))
         return 1
     if update:
         failing = [c["label"] for c in rep["configs"] if c["status"] == "fail"]
@@ -300,8 +299,7 @@ def run_gate(kernel: Any, *, kernel_spec: str, device: str, profile: str, budget
         print(f"wrote {budgets_path}")
         for label in failing:
             print(f"not budgeted (a case fails; the gate keeps failing until it passes): {label}")
-        for f in rep["failures"][:10]:
-            print(f"FAIL {f['summary']}\n  replay: {f['replay']}")
+        R.print_failures(rep)
         return 1 if failing else 0
     rows, missing = compare_to_budgets(rep, budgets)
     print(render_gate_table(rows))
@@ -313,8 +311,7 @@ def run_gate(kernel: Any, *, kernel_spec: str, device: str, profile: str, budget
     bad = [r for r in rows if r["status"] == "fail"]
     print(f"gate: {len(bad)} of {len(rows)} configurations over budget or failing"
           if bad else f"gate: all {len(rows)} configurations within budget")
-    for f in rep["failures"][:10]:
-        print(f"FAIL {f['summary']}\n  replay: {f['replay']}")
+    R.print_failures(rep)
     return 1 if bad else 0
 
 

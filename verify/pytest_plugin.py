@@ -353,7 +353,7 @@ class FlashcheckSession:
         from flashcheck.verify import report as R
         from flashcheck.verify.adapters import SpecError
         from flashcheck.verify.supervise import SupervisorError
-        from flashcheck.verify.sweep import INTERRUPTED, run_cases
+        from flashcheck.verify.sweep import interrupted, run_cases
 
         s = self.s
         try:
@@ -362,7 +362,7 @@ class FlashcheckSession:
                                 supervisor=self._supervisor())
         except (SpecError, SupervisorError) as e:
             raise FlashcheckFailure(f"kernel {s.spec!r} on {s.device}: {e}") from None
-        if any(r.get("reason") == INTERRUPTED for r in records):
+        if interrupted(records):
             raise KeyboardInterrupt
         for rec, key in zip(records, item.keys, strict=True):
             if key is not None:

@@ -426,6 +426,16 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def print_failures(report: Mapping[str, Any], more_in: Path | None = None,
+                   limit: int = 10) -> None:
+    """The first ``limit`` failures of ``report``, each with its replay command; with
+    ``more_in``, a line saying how many more are in that directory."""
+    for f in report["failures"][:limit]:
+        print(f"FAIL {f['summary']}\n  replay: {f['replay']}")
+    if more_in is not None and len(report["failures"]) > limit:
+        print(f"... and {len(report['failures']) - limit} more failures in {more_in}")
+
+
 def render_terminal_table(report: Mapping[str, Any]) -> str:
     """The short per-configuration table printed at the end of ``flashcheck run``."""
     fields = key_fields(report["configs"])

@@ -27,6 +27,11 @@ from flashcheck.verify.progress import Progress
 INTERRUPTED = "interrupted before this case ran"
 
 
+def interrupted(records: list[dict[str, Any]]) -> int:
+    """How many of :func:`run_cases`' records an interrupt left unchecked."""
+    return sum(r.get("reason") == INTERRUPTED for r in records)
+
+
 def case_digest(case: Any) -> str:
     """10 hex of sha1(case JSON): names a case's failure and write-ahead files."""
     payload = case.to_json(sort_keys=True) if hasattr(case, "to_json") else repr(case.to_dict())
