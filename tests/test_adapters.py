@@ -100,6 +100,47 @@ def test_sdpa_gets_causal_folded_when_a_mask_is_present():
     assert kw["is_causal"] is False and kw["attn_mask"] is not None
 
 
+def _no_mask_with_causal(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                         scale=None, enable_gqa=False):
+    if attn_mask is not None and is_causal:
+        raise ValueError("attn_mask: must be None when is_causal=True")
+    return blocked_attention_plain(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                   enable_gqa)
+
+
+def test_a_kernel_refusing_a_mask_with_is_causal_gets_the_causal_structure_folded_in():
+    """Probed, not declared: a kernel that (like SDPA's math path) refuses is_causal with an
+    attn_mask gets the causal structure folded into the mask, so those cases run and pass;
+    one that takes the pair is called with both."""
+    from flashcheck.verify.check import check_case
+
+    case = FOLD_CASES[3]
+    refusing = as_kernel(_no_mask_with_causal, "cpu")
+    assert refusing.capabilities["causal_with_mask"] is False
+    _, kw = refusing.arguments(case.materialize("cpu"))
+    assert kw["is_causal"] is False and kw["attn_mask"] is not None
+    assert check_case(refusing, case, "cpu").status == "pass"
+    taking = as_kernel(blocked_attention_plain, "cpu")
+    assert taking.capabilities["causal_with_mask"] is True
+    _, kw = taking.arguments(case.materialize("cpu"))
+    assert kw["is_causal"] is True and kw["attn_mask"] is not None
+
+
+def test_raw_sdpa_refusing_the_pair_on_one_layout_is_not_run_there_not_a_failure():
+    """torch's SDPA on a CPU takes is_causal with a mask for contiguous inputs (the probe
+    runs) and refuses it for strided ones ("Explicit attn_mask should not be set when
+    is_causal=True"): a clear rejection, so "not run: reason", never a failure."""
+    from flashcheck.verify.check import check_case
+
+    k = resolve_kernel("torch.nn.functional:scaled_dot_product_attention", "cpu")
+    for layout in ("contiguous", "strided"):
+        case = dataclasses.replace(FOLD_CASES[3], layout=layout, dtype="float32")
+        v = check_case(k, case, "cpu")
+        assert v.status in ("pass", "not_run"), (layout, v.status, v.reason)
+        if v.status == "not_run":
+            assert "should not be set when is_causal" in v.reason
+
+
 def _garbage_outside(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                      scale=None, enable_gqa=False):
     return torch.zeros_like(query)

@@ -18,7 +18,15 @@ from pathlib import Path
 
 import pytest
 from flashcheck.verify import cli
-from flashcheck.verify.cases import Case, load_case_file
+from flashcheck.verify.cases import Case, load_case_file, save_case_file
+from flashcheck.verify.fuzz import CONFIRM_RUNS
+from flashcheck.verify.repro import (
+    FLAKY_MAX_REPLAYS,
+    FLAKY_MISS,
+    FLAKY_REPEATS,
+    flaky_replays,
+    rate_lower_bound,
+)
 from flashcheck.verify.supervise import (
     BASE_TIMEOUT_S,
     TIMEOUT_MEDIAN_FACTOR,
@@ -69,7 +77,10 @@ CAMPAIGNS = [
     ("cuda_error_large", "cuda_error", ["--minutes", "0.5"], "cuda_error"),
     ("hostile_output_large", "harness_error", ["--minutes", "0.5"], "harness_error"),
     ("first_use_wrong", "flaky", ["--minutes", "0.5"], None),
-    ("random_wrong", "flaky", ["--minutes", "0.5"], None),
+    # Wrong at random: its eight re-checks all repeat the first class ("nondeterministic")
+    # with probability 0.42^8 ~ 0.1% (verify/fuzz.py, CONFIRM_RUNS), and then that class is
+    # the record; either way the replay repeats until it fails (verify/repro.py).
+    ("random_wrong", "flaky|nondeterministic", ["--minutes", "0.5"], None),
 ]
 
 
@@ -85,11 +96,11 @@ def test_campaign_keeps_the_failure_and_its_replay_fails_the_same_way(name, cls,
         else 0.0
     # inside the budget, to within one case timeout (+ start-up and writing what was found)
     assert wall < 60 * minutes + timeout + 10, wall
-    files = sorted((out / "failures").glob(f"{cls}-*.json"))
+    files = sorted(p for c in cls.split("|") for p in (out / "failures").glob(f"{c}-*.json"))
     assert len(files) == 1, sorted(p.name for p in (out / "failures").iterdir())
     assert not list((out / "inflight").glob("*.json"))  # nothing left in flight
     case, meta = load_case_file(files[0])
-    assert meta["verdict"]["failure"] == cls
+    assert meta["verdict"]["failure"] in cls.split("|")
     if cls in ("crashed", "timeout", "cuda_error", "harness_error"):
         # shrunk, every candidate in a fresh worker (a hang's shrink may be cut by the budget)
         assert case.Nq == 9 if cls != "timeout" else 8 < case.Nq <= 16
@@ -118,13 +129,50 @@ def test_flaky_failures_say_first_use_or_random(tmp_path):
     for name in ("first_use_wrong", "random_wrong"):
         rc, _ = _fuzz(name, tmp_path / name, "--examples", "40")
         assert rc == 1
-        (f,) = (tmp_path / name / "failures").glob("flaky-*.json")
-        flaky = json.loads(f.read_text())["verdict"]["observations"]["flaky"]
+        (f,) = (tmp_path / name / "failures").glob("*.json")
+        verdict = json.loads(f.read_text())["verdict"]
+        if name == "random_wrong" and verdict["failure"] == "nondeterministic":
+            # every re-check repeated the first class (0.1%, CAMPAIGNS above): recorded as such
+            assert verdict["observations"]["rechecks_agreed"] == CONFIRM_RUNS + 1
+            kinds[name] = "random"
+            continue
+        flaky = verdict["observations"]["flaky"]
         assert flaky["first"]["status"] == "fail"
         assert flaky["replay"]["status"] in ("pass", "fail")
         kinds[name] = flaky["kind"]
     assert kinds["first_use_wrong"] == "first_use"
     assert kinds["random_wrong"] in ("random", "fresh_fails", "history")
+
+
+def test_a_replay_of_a_failure_that_comes_and_goes_repeats_until_it_fails(tmp_path):
+    """`repro` of a flaky (or nondeterministic) case file checks at least FLAKY_REPEATS times
+    and, while none has failed, on up to the count at which a kernel still failing at the
+    recorded rate (its 99% lower bound) passes them all with probability FLAKY_MISS."""
+    assert [flaky_replays(r) for r in [None, (0, 10), (7, 10), (4, 10), (1, 10), (1, 1)]] == \
+        [FLAKY_REPEATS, FLAKY_REPEATS, 33, 90, FLAKY_MAX_REPLAYS, 82]
+    for failed, runs in [(7, 10), (4, 10), (10, 10), (9, 9)]:
+        q, n = rate_lower_bound(failed, runs), flaky_replays((failed, runs))
+        assert 0 < q < failed / runs + 1e-12
+        assert (1 - q) ** n <= FLAKY_MISS < (1 - q) ** (n - 1) or n == FLAKY_REPEATS
+    # a correct kernel on random_wrong's flaky record: every replay passes, all 90 of them
+    case = Case(B=1, Hq=2, Hkv=1, Nq=5, Nk=3, D=8, dtype="float32", seed=2)
+    verdict = {"status": "fail", "failure": "flaky", "observations": {"flaky": {
+        "reruns_fresh_worker": [["pass", "fail (numerical)"]] * 4 + [["pass", "pass"]]}}}
+    path = tmp_path / "flaky-0.json"
+    save_case_file(path, case, verdict=verdict)
+    good = subprocess.run([sys.executable, "-m", "flashcheck", "repro", str(path), "--kernel",
+                           "torch.nn.functional:scaled_dot_product_attention", "--device",
+                           "cpu"], capture_output=True, text=True, timeout=300, env=ENV,
+                          cwd=ROOT)
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "runs:   0 of 90 failed: pass x90" in good.stdout, good.stdout
+    assert "passes 90 runs with probability 1e-06" in good.stdout
+    # the kernel that fails half its checks: stops once it has failed, after at least 8
+    bad = _repro(path, "random_wrong")
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    line = next(ln for ln in bad.stdout.splitlines() if ln.startswith("runs:"))
+    n = int(line.split(" of ")[1].split()[0])
+    assert FLAKY_REPEATS <= n < 90, line
 
 
 def test_failure_that_passes_in_a_fresh_process_is_flaky_history(tmp_path):
@@ -373,6 +421,33 @@ def test_sigterm_keeps_what_was_found(tmp_path):
     assert proc.returncode == 1
     assert "interrupted" in stdout
     assert list((out / "failures").glob("timeout-*.json"))
+
+
+def test_an_interrupted_campaign_that_found_nothing_is_not_a_pass(tmp_path):
+    """SIGTERM (a CI time limit) before the budget ends: nothing found yet, and still exit 1,
+    as for `run` and `gate`: the campaign did not run what it was asked to."""
+    out = tmp_path / "fz"
+    proc = subprocess.Popen([sys.executable, "-m", "flashcheck", "fuzz", "--kernel",
+                             "sdpa-math", "--device",
+                             "cpu", "--seed", "7", "--max-n", "16", "--dtypes", "float32",
+                             "--examples", "100000", "--out", str(out)], env=ENV,
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        end = time.monotonic() + 120
+        while time.monotonic() < end and not out.is_dir():
+            time.sleep(0.1)
+        time.sleep(4.0)  # the campaign is checking cases
+        proc.send_signal(signal.SIGTERM)
+        stdout, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, stdout
+    assert "not a pass (exit 1)" in stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["exit"] == 1
+    assert summary["failures"] == []
 
 
 def test_the_campaign_process_never_imports_the_kernel(tmp_path):

@@ -73,7 +73,7 @@ _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torc
 _CLEAR_RUNTIME = (
     "not supported", "no available kernel", "no viable backend", "not implemented", "unsupported",
     "only supports", "is not available", "expected all tensors to be on the same device",
-    "must be", "requires", "does not require grad",
+    "must be", "requires", "does not require grad", "should not be set",
 )
 _SDPA_BACKENDS = {
     "sdpa-math": "MATH",
@@ -364,6 +364,9 @@ def as_kernel(kernel, device: str) -> Kernel:
 # the Kernel object
 
 _PROBE_CACHE: dict[tuple[str, str, str], str | None] = {}
+# The mask each attn_mask kind is probed with.
+_PROBE_MASKS = {"bool": {"kind": "random", "density": 0.5},
+                "additive": {"kind": "bias", "neginf_prob": 0.1}}
 # (spec, device, feature) -> reason, for a feature one probe shape rejected and another ran
 _PROBE_PARTIAL: dict[tuple[str, str, str], str] = {}
 
@@ -422,7 +425,8 @@ class Kernel:
     # -- probing --------------------------------------------------------------------------
 
     def _probe_cases(self, dtype: str, *, D: int | None = None, gqa: bool = False,
-                     mask: dict | None = None, backward: bool = False) -> list[Case]:
+                     mask: dict | None = None, backward: bool = False,
+                     is_causal: bool = False) -> list[Case]:
         """The probe cases of one feature: a small one and a larger one with another head
         dim, both inside the declared domain (the declared ``supports`` too, where it
         accepts any of them)."""
@@ -430,7 +434,7 @@ class Kernel:
         for i, large in enumerate((False, True)):
             shape = probe_shape(self.declared, large=large, D=D)
             c = Case(B=1, Hq=4 if gqa else 2, Hkv=2, dtype=dtype, seed=i, backward=backward,
-                     mask=mask or {"kind": "none"}, **shape)
+                     mask=mask or {"kind": "none"}, is_causal=is_causal, **shape)
             if c not in out:
                 out.append(c)
         fn = self.declared.get("supports")
@@ -506,10 +510,22 @@ class Kernel:
         if "masks" in self.declared:
             ok = kind in self.declared["masks"]
             return None if ok else f"{kind} masks not in declared masks {self.declared['masks']}"
-        mask = {"kind": "random", "density": 0.5} if kind == "bool" else {
-            "kind": "bias", "neginf_prob": 0.1}
         return self._probe(f"mask={kind},{dtype}", device,
-                           self._probe_cases(dtype, mask=mask))
+                           self._probe_cases(dtype, mask=_PROBE_MASKS[kind]))
+
+    def causal_with_mask(self, dtype: str, device: str | None = None) -> bool:
+        """Whether ``is_causal=True`` may come with an ``attn_mask``: declared, else probed
+        with a mask kind the kernel takes (SDPA itself refuses the pair: "Explicit attn_mask
+        should not be set when is_causal=True"). When not, the causal structure is folded
+        into the mask (:meth:`arguments`), so such cases still run."""
+        if "causal_with_mask" in self.declared:
+            return bool(self.declared["causal_with_mask"])
+        device = device or self.device
+        kinds = self.mask_kinds(dtype, device)
+        if not kinds:
+            return True  # no mask to go with it; nothing to fold
+        return self._probe(f"causal_with_mask,{dtype}", device, self._probe_cases(
+            dtype, mask=_PROBE_MASKS[kinds[0]], is_causal=True)) is None
 
     def _flag_reason(self, flag: str, dtype: str, device: str) -> str | None:
         if flag in self.declared:
@@ -568,6 +584,7 @@ class Kernel:
                 (not_run.__setitem__(f"D={D}", r) if r else dims.append(D))
             caps["head_dim_sample"] = tuple(dims)
         caps.setdefault("masks", self.mask_kinds(probe_dt, dev))
+        caps.setdefault("causal_with_mask", self.causal_with_mask(probe_dt, dev))
         if "gqa" not in caps:
             r = self._flag_reason("gqa", probe_dt, dev)
             caps["gqa"] = r is None
@@ -629,7 +646,7 @@ class Kernel:
         r = self._backward_reason(case.dtype, case.is_causal, device or self.device)
         return (r is None), (f"kernel has no backward: {r}" if r else "")
 
-    def _folds(self, case_like) -> bool:
+    def _folds(self, case_like, dtype: str, device: str) -> bool:
         """Whether the structure must be folded into attn_mask for this kernel."""
         ext = self.extensions()
         window = case_like.window
@@ -640,8 +657,8 @@ class Kernel:
         has_mask = getattr(case_like, "attn_mask", None) is not None or (
             isinstance(getattr(case_like, "mask", None), dict)
             and case_like.mask["kind"] != "none")
-        causal_plus_mask = case_like.is_causal and has_mask and not self.declared.get(
-            "causal_with_mask", True)
+        causal_plus_mask = case_like.is_causal and has_mask and not self.causal_with_mask(
+            dtype, device)
         return need_ext or causal_plus_mask
 
     def _needs_mask_reason(self, case: Case, device: str) -> str | None:
@@ -657,7 +674,7 @@ class Kernel:
             needed.add("additive")
         elif kind != "none":
             needed.add("bool")
-        if self._folds(case):
+        if self._folds(case, case.dtype, device):
             needed.add("bool" if kind != "bias" else "additive")
         accepted = set(self.mask_kinds(case.dtype, device))
         if kind != "bias" and needed and "bool" not in accepted and "additive" in accepted:
@@ -672,7 +689,8 @@ class Kernel:
     def arguments(self, inputs: Inputs) -> tuple[tuple, dict]:
         """Positional and keyword arguments that express ``inputs`` for this kernel."""
         kw = inputs.kwargs()
-        if self._folds(inputs):
+        dtype = str(inputs.query.dtype).removeprefix("torch.")
+        if self._folds(inputs, dtype, str(inputs.query.device)):
             q, k = inputs.query, inputs.key
             nq, nk = q.shape[2], k.shape[2]
             from flashcheck.reference.masks import structural_mask
@@ -694,7 +712,7 @@ class Kernel:
             kw["attn_mask"] = m
         m = kw["attn_mask"]
         if m is not None and m.dtype == torch.bool and "bool" not in self.mask_kinds(
-                str(inputs.query.dtype).removeprefix("torch."), str(inputs.query.device)):
+                dtype, str(inputs.query.device)):
             kw["attn_mask"] = torch.zeros(m.shape, dtype=inputs.query.dtype,
                                           device=m.device).masked_fill(~m, -math.inf)
         return (inputs.query, inputs.key, inputs.value), kw

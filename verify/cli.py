@@ -368,7 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --tensors: do not check gradients")
     sp.add_argument("--repeat", type=_positive_int, default=None, metavar="N",
                     help="check the case N times in one worker; exit 1 if any run fails "
-                         "(default 1; 8 for a case file recorded as 'flaky')")
+                         "(default 1; for a case file recorded as 'flaky' or "
+                         "'nondeterministic' at least 8, on until one fails or a kernel "
+                         "failing at the recorded rate would have, at most 200)")
     case_timeout(sp)
     sp.set_defaults(func=cmd_repro)
 

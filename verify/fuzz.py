@@ -457,19 +457,22 @@ class Campaign:
             self.found[self.found.index(entry["path"])] = path
             entry["path"] = path
 
-    def _confirm(self, case: Any, verdict: Any) -> Any | None:
+    def _confirm(self, case: Any, verdict: Any) -> tuple[Any | None, int]:
         """Re-check a shrunk failure CONFIRM_RUNS times in the campaign's worker, then once
         in a fresh worker (what `flashcheck repro` does: a kernel whose result depends on
         what ran before it in the process, e.g. a recompiled variant, fails only in the
-        campaign); the first disagreeing verdict, or None when every run agrees."""
+        campaign): (the first disagreeing verdict or None when every run agreed, the number
+        of re-checks that agreed)."""
         key = shrink_key(verdict)
+        agreed = 0
         for fresh in [False] * CONFIRM_RUNS + [True]:
             if self._past_deadline():
                 break
             again = self.sup.check(case, fresh=fresh, confirm=False)
             if again.status != "fail" or shrink_key(again) != key:
-                return again
-        return None
+                return again, agreed
+            agreed += 1
+        return None, agreed
 
     def _classify_flaky(self, case: Any) -> tuple[str, str, list]:
         """Run the case twice in each of FLAKY_RERUNS fresh workers: (kind, text, runs)."""
@@ -568,10 +571,12 @@ class Campaign:
                                           "so far"
             self._write(case, verdict, note=note)
         else:
-            other = self._confirm(case, verdict)
+            other, agreed = self._confirm(case, verdict)
             if other is not None:
                 self._record_flaky(case, verdict, other, unshrunk=state["first"])
             else:
+                # `repro` sizes its replay of a nondeterministic failure from these
+                verdict.observations["rechecks_agreed"] = agreed
                 self._write(case, verdict)
         if provisional is not None and provisional not in self.found[n_found:]:
             _remove_failure_files(provisional)
@@ -769,7 +774,8 @@ class Campaign:
             "kernel": self.kernel_spec, "device": self.device, "seed": self.seed,
             "examples": self.calls - self._n_not_run(), "not_run": self._n_not_run(),
             "wall_s": round(wall, 1), "interrupted": interrupted,
-            "failures": [str(p) for p in self.found], "exit": 1 if self.found else 0,
+            "failures": [str(p) for p in self.found],
+            "exit": 1 if self.found or interrupted else 0,
         }, indent=1) + "\n")
         if self.not_run:
             n = self._n_not_run()
@@ -779,7 +785,11 @@ class Campaign:
             for count, why, seen in sorted(self.not_run.values(), key=lambda e: -e[0])[:10]:
                 more = f" (and {len(seen) - 1} more like it)" if len(seen) > 1 else ""
                 print(f"  {count} x not run: {why}{more}")
-        return 1 if self.found else 0
+        if interrupted and not self.found:
+            # An interrupt (Ctrl-C, SIGTERM, a CI time limit) is not a pass: the campaign did
+            # not run what it was asked to (--minutes ending it is the budget, not this).
+            print("fuzz: interrupted before its budget ended: not a pass (exit 1)")
+        return 1 if self.found or interrupted else 0
 
 
 def example_database(db: str | None, out: Path):
