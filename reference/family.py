@@ -15,8 +15,9 @@ each member, real kernels that make its choice.
   ``exp2_approx`` only for fp32 inputs; ``fa2_128x16`` only for fp32 and fp64 inputs;
   the :data:`OPT_IN` members (``q_prescaled``,
   ``q_exp2_prescaled``, ``split_kv``, ``bwd_scores_k16``, ``qk_sqrt_scaled``,
-  ``fp32_fma_chain``, ``fp32_3xtf32``, ``bias_fma_split``) only when the kernel declares
-  them (``fp32_fma_chain`` and ``fp32_3xtf32`` for fp32 inputs without TF32 only);
+  ``fp32_fma_chain``, ``fp32_3xtf32``, ``bias_fma_split``, ``p_normalized``) only when the
+  kernel declares them (``fp32_fma_chain`` and ``fp32_3xtf32`` for fp32 inputs without TF32
+  only, ``p_normalized`` below fp32 only);
   declaring ``split_kv`` brings ``split_kv_halves``, declaring ``bwd_scores_k16`` brings
   ``bwd_scores_k8`` and ``bwd_scores_k1``.
 - ``run_family(query, key, value, grad_out, ...)``: every member on the same inputs; per
@@ -71,6 +72,7 @@ FAMILY: dict[str, dict] = {
     "fp32_fma_chain": dict(_BASE, accumulate="fma_chain", gqa_reduce="group_fp32"),
     "fp32_3xtf32": dict(_BASE, fp32_dot="3xtf32"),
     "bias_fma_split": dict(_BASE, scale_at="exp2", bias_fma="split"),
+    "p_normalized": dict(_BASE, normalize="before_pv"),
 }
 
 FAMILY_NOTES: dict[str, str] = {
@@ -208,6 +210,15 @@ FAMILY_NOTES: dict[str, str] = {
                       "bias, D 11: dq 1.18 against the other members' 0.35, 1.13x the rule; "
                       "this member's dq, dk, dv and out errors equal the kernel's to 2-3 "
                       "digits); opt-in",
+    "p_normalized": "the probabilities normalised before the P@V product: P = e^(S − m)/ℓ "
+                    "over the whole row, rounded to the input dtype, O = P·V with no final "
+                    "division (an unfused softmax then a matmul: FlexAttention's eager path, "
+                    "which torch 2.13 runs on the CPU, bit for bit on the case below; "
+                    "two-pass kernels that form P = exp(S − lse)). Every P is rounded, the "
+                    "row max's too (1/k for k tied keys, in the FA2 order 1 exactly), and "
+                    "tied scores round alike: bf16 ties(1), window (0, 12), Nq 7, Nk 16: "
+                    "out rmse 7.9e-4 against fa2_128's 4.3e-4. Below fp32 only; opt-in "
+                    "(the flex built-in declares it on the CPU)",
 }
 
 # Switches that change only the backward (the forward of members differing in them is shared).
@@ -241,8 +252,13 @@ _LOOP_KEYS = dict(block_m=128, block_n=128, order="fa2")
 # - bias_fma_split: the backward's scores another rounding of the forward's (one FMA each,
 #   contracted two ways): 3.4x the other members' dq and 3.9x their dk at fp32 logits ~4e3
 #   with an additive bias (our Triton kernels on NVIDIA GPUs declare it).
+# - p_normalized: its rounded probabilities are the worst member in many fp16/bf16 cases
+#   (calibration: 2.15x the other members' dq, 1.39x their out RMSE), and by default it
+#   hid precision mutants case by case (120 drawn fp16/bf16 cases: fp16_accumulation failed
+#   7 without it, 0 with it; p_bf16_for_fp16 35 and 26; ds_bf16_for_dk 16 and 13); the
+#   `flex` built-in on the CPU (FlexAttention's eager path) declares it.
 OPT_IN = ("q_prescaled", "q_exp2_prescaled", "split_kv", "bwd_scores_k16", "qk_sqrt_scaled",
-          "fp32_fma_chain", "fp32_3xtf32", "bias_fma_split")
+          "fp32_fma_chain", "fp32_3xtf32", "bias_fma_split", "p_normalized")
 
 
 # An opt-in choice judged by more than one member (the split count of split-KV is each
@@ -275,7 +291,8 @@ def family_members(dtype, *, gqa: bool, tf32: bool, declared=()) -> dict[str, di
     if wide:
         # P, dS and per-head dK/dV are already in the accumulator dtype: rounding them
         # again changes nothing, and these members are the baseline.
-        skip.update(("p_ds_fp32", "gqa_per_head_rounded", "gqa_expand_autograd"))
+        skip.update(("p_ds_fp32", "gqa_per_head_rounded", "gqa_expand_autograd",
+                     "p_normalized"))
     if not (tf32 and dtype == torch.float32):
         skip.update(("tf32", "tf32_truncated"))
     if dtype != torch.float32 or tf32:

@@ -241,6 +241,7 @@ class _Arith:
         self.base2 = scale_at in ("exp2", "q_exp2", "exp2_fma")
         self.fused = scale_at == "exp2_fma"
         self.reciprocal = normalize == "reciprocal"
+        self.p_normalized = normalize == "before_pv"
         self.round_p = p_precision == "input"
         self.round_ds = ds_precision == "input"
         self.ds_before_round = ds_scale == "before_round"
@@ -460,6 +461,34 @@ def _forward_fa2(ar, p, q, k, v, attn_mask, bm, bn, col_tiles):
     return out, lse
 
 
+def _forward_p_normalized(ar, p, q, k, v, attn_mask, bm, bn, col_tiles):
+    """As ``_forward_fa2`` with the probabilities normalised before P@V
+    (``normalize="before_pv"``): the row's max m over every key tile first, ℓ = Σ e^(s−m) in
+    the acc dtype, then P = e^(s−m)/ℓ rounded to the operand dtype and O = Σ P·V, not
+    divided again (an unfused softmax followed by a matmul)."""
+    out = torch.empty(p.B, p.Hq, p.Nq, p.D, dtype=ar.acc, device=q.device)
+    lse = torch.empty(p.B, p.Hq, p.Nq, dtype=ar.acc, device=q.device)
+    for rows in _tiles(p.Nq, bm):
+        qi = q[:, :, rows[0]:rows[1]]
+        tiles = [(cols, *_scores(ar, p, qi, k[:, :, cols[0]:cols[1]], attn_mask, rows, cols))
+                 for cols in col_tiles]
+        m = torch.stack([s.amax(dim=-1) for _, s, _ in tiles]).amax(dim=0)
+        shift = torch.where(m == -torch.inf, torch.zeros_like(m), m).unsqueeze(-1)
+        pts = [(cols, ar.exp_minus(s, f, shift)) for cols, s, f in tiles]
+        l = torch.stack([pt.sum(dim=-1) for _, pt in pts]).sum(dim=0)
+        live = l > 0
+        l_safe = torch.where(live, l, torch.ones_like(l))
+        acc_o = torch.zeros(p.B, p.Hq, rows[1] - rows[0], p.D, dtype=ar.acc, device=q.device)
+        for cols, pt in pts:
+            prob = ar.ftz(ar.normalize(pt, l_safe))
+            acc_o = ar.ftz(acc_o + ar.mm(ar.rnd_p(prob), v[:, :, cols[0]:cols[1]]))
+        out[:, :, rows[0]:rows[1]] = torch.where(live.unsqueeze(-1), acc_o,
+                                                 torch.zeros_like(acc_o))
+        lse[:, :, rows[0]:rows[1]] = torch.where(live, m + ar.log(l_safe),
+                                                 torch.full_like(l, -torch.inf))
+    return out, lse
+
+
 def _forward_fa1(ar, p, q, k, v, attn_mask, bm, bn, col_tiles):
     """As ``_forward_fa2``, in FlashAttention-1's order (key tiles outer)."""
     o_hbm = torch.zeros(p.B, p.Hq, p.Nq, p.D, dtype=ar.acc, device=q.device)
@@ -526,7 +555,11 @@ def merge_splits(ar, outs, lses):
 def _forward(ar, p, q, k, v, attn_mask, order, bm, bn):
     """The forward of ``order`` over all key tiles, or split-KV (``ar.kv_splits`` > 1):
     the same forward on each split's key tiles, then ``merge_splits``."""
-    fwd = _forward_fa2 if order == "fa2" else _forward_fa1
+    if ar.p_normalized and order != "fa2":
+        raise ValueError(f"normalize='before_pv': only with order='fa2' (the row's ℓ is "
+                         f"known before any P@V); got order={order!r}")
+    fwd = (_forward_p_normalized if ar.p_normalized else
+           _forward_fa2 if order == "fa2" else _forward_fa1)
     tiles = _tiles(p.Nk, bn)
     if ar.kv_splits == 1:
         return fwd(ar, p, q, k, v, attn_mask, bm, bn, tiles)
@@ -935,7 +968,10 @@ def online_attention(
     - ``tf32``: float32 inputs only: every matmul operand rounded to TF32
       (``round_tf32``), fp32 accumulation; ``tf32_rounding="truncate"``: the operands'
       low 13 mantissa bits dropped instead (``truncate_tf32``, Hopper's wgmma).
-    - ``normalize``: ``"divide"`` O = acc / ℓ; ``"reciprocal"`` O = acc · fl(1/ℓ).
+    - ``normalize``: ``"divide"`` O = acc / ℓ; ``"reciprocal"`` O = acc · fl(1/ℓ);
+      ``"before_pv"``: the probabilities normalised before the P@V product, P = e^(s−m)/ℓ
+      with the row's final m and ℓ (a pass over every key tile first), rounded to the input
+      dtype, O = Σ P·V (an unfused softmax then a matmul; ``order`` "fa2" only).
     - ``exp_accuracy``: ``"library"`` torch's exp/exp2; ``"approx"`` every exponential
       (the forward's and the backward's P, the rescale factors) rounded to 22 significant
       bits (``round_exp_approx``; fp32 accumulators only), the error of GPUs' ex2.approx.

@@ -46,6 +46,8 @@ CHOICE_CASES = {
     # 1/√32 is not a power of two (QKᵀ·scale would be exact)
     "bias_fma_split": dict(Nk=48, D=32, dtype="float32", mask={"kind": "bias"},
                            dist={"kind": "normal", "sigma": 3.0}, **GRAD),
+    # bf16, every probability rounded after the division (the FA2 order's row max is 1)
+    "p_normalized": dict(Nk=48, dtype="bfloat16", **GRAD),
 }
 
 
@@ -161,7 +163,7 @@ def _stored_kernel(outputs: dict, family: tuple):
             return tuple(outputs[n].clone() for n in ("dq", "dk", "dv"))
 
     def kernel(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-               enable_gqa=False):
+               enable_gqa=False, window=None, causal_alignment="top_left"):
         return _Saved.apply(q, k, v)
 
     kernel.capabilities = full_capabilities(family=family)
@@ -385,3 +387,51 @@ def test_sixteen_key_tiles_are_a_member_for_fp32():
         ctl = importlib.import_module(f"flashcheck.verify.controls.{name}").attention
         v = check_case(ctl, case, "cpu")
         assert v.status == "pass" and v.tensors["dq"].member == "fa2_128x16", v.summary()
+
+
+def test_flex_eager_unfused_softmax_is_judged_by_its_member():
+    """A first campaign on the CPU (`flashcheck fuzz --kernel flex --device cpu`) flagged
+    FlexAttention: bf16, ties(1), window (0, 12), out rmse 7.9e-4 against 7.6e-4 = 1.75x
+    fa2_128's. Its eager path (torch 2.13 runs it on the CPU) normalises the probabilities
+    before P@V and rounds them, which ``p_normalized`` is, bit for bit here; judged with that
+    member, which the built-in declares on the CPU, flex passes, naming it; undeclared it
+    fails as it did, and 3.5x its error (above K_RULE = 3 times the member's) fails."""
+    from pathlib import Path
+
+    from flashcheck.reference.family import run_family
+    from flashcheck.verify.adapters import resolve_kernel
+    from flashcheck.verify.bounds import K_RMS
+    from flashcheck.verify.cases import load_case_file
+    from flashcheck.verify.check import check_case
+
+    case, _ = load_case_file(Path(__file__).parent / "data" /
+                             "flex_cpu_bf16_ties_p_normalized.json")
+    inp = case.materialize("cpu")
+    kw = dict(window=case.window, causal_alignment=case.causal_alignment)
+    res = run_family(inp.query, inp.key, inp.value, None, inp.attn_mask, **kw, members={
+        "fa2_128": dict(block_m=128, block_n=128),
+        "p_normalized": dict(block_m=128, block_n=128, normalize="before_pv")})
+    exact = run_family(inp.query.double(), inp.key.double(), inp.value.double(), None,
+                       inp.attn_mask, **kw,
+                       members={"x": dict(block_m=128, block_n=128)})["x"]["out"]
+    flex = resolve_kernel("flex", "cpu")
+    out, _ = flex.call(inp)
+    assert torch.equal(out, res["p_normalized"]["out"])
+
+    def rmse(t):
+        return float((t.double() - exact).pow(2).mean().sqrt())
+
+    assert rmse(out) > K_RMS["out"] * rmse(res["fa2_128"]["out"])  # the baseline's rule fails
+    assert flex.declared["family"] == ("p_normalized",)
+    v = check_case("flex", case, "cpu", family="full")
+    assert v.status == "pass" and v.tensors["out"].member == "p_normalized", v.summary()
+
+    def undeclared(*a, **kw):
+        return flex.fn(*a, **kw)
+
+    undeclared.capabilities = {k: v for k, v in flex.declared.items() if k != "family"}
+    bad = check_case(undeclared, case, "cpu", family="full")
+    assert bad.status == "fail" and not bad.tensors["out"].passed, bad.summary()
+    worse = {"out": (exact + 3.5 * (out.double() - exact)).to(torch.bfloat16)}
+    far = check_case(_stored_kernel(worse, ()), case, "cpu", family="full")
+    assert far.status == "fail" and not far.tensors["out"].passed, (far.status, far.reason)

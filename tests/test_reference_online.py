@@ -531,3 +531,42 @@ def test_bwd_scores_rejected_with_its_name():
     kw = make_problem(B=1, Hq=1, Hkv=1, Nq=3, Nk=3, D=2, seed=0, dtype=torch.float16)
     with pytest.raises(ValueError, match=r"bwd_scores"):
         reference.online_attention(**kw, bwd_scores="k4")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_p_normalized_is_softmax_then_matmul(dtype):
+    """normalize="before_pv": P = e^(s−m)/ℓ over the whole row, rounded to the input dtype,
+    then P@V in fp32 (the unfused route): bit for bit with one key tile, to the output's
+    rounding with narrower ones (the fp32 sum of P@V in another order); rows with no
+    allowed key give 0 and lse −inf; the backward is the blocked one, from that O and lse."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 20, 16, generator=g).to(dtype) for _ in range(3))
+    k, v = k[:, :2], v[:, :2]
+    mask = torch.rand(2, 1, 20, 20, generator=g) > 0.3
+    mask[0, 0, 5] = False  # a row with no key
+    want_s = (q.float() @ k.float().repeat_interleave(2, 1).transpose(-2, -1)) * 0.25
+    want_s = want_s.masked_fill(~mask, -math.inf)
+    prob = torch.nan_to_num(torch.softmax(want_s, -1), nan=0.0)
+    want = (prob.to(dtype).float() @ v.float().repeat_interleave(2, 1)).to(dtype)
+    for bn in (4, 16, 64):
+        out, lse = reference.online_attention(q, k, v, mask, scale=0.25, enable_gqa=True,
+                                              block_m=8, block_n=bn, normalize="before_pv",
+                                              return_lse=True)
+        if bn >= 20:
+            assert torch.equal(out, want)
+        else:
+            eps = torch.finfo(dtype).eps
+            torch.testing.assert_close(out, want, rtol=eps, atol=0.0)
+        assert lse[0, 0, 5] == -math.inf and lse[0, 1, 5] == -math.inf
+    base = reference.online_attention(q, k, v, mask, scale=0.25, enable_gqa=True)
+    assert not torch.equal(base, want)
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    reference.online_attention(qg, kg, vg, mask, scale=0.25, enable_gqa=True,
+                               normalize="before_pv").float().sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (qg, kg, vg))
+
+
+def test_p_normalized_needs_the_fa2_order():
+    q = torch.randn(1, 1, 4, 8)
+    with pytest.raises(ValueError, match="normalize='before_pv'.*order='fa2'"):
+        reference.online_attention(q, q, q, order="fa1", normalize="before_pv")

@@ -305,6 +305,9 @@ def _flex_kernel(device: str):
         return run(query, key, value, score_mod=score_mod, scale=scale, enable_gqa=enable_gqa)
 
     flex.capabilities = {"extensions": ()}
+    if not device.startswith("cuda"):
+        # eager, not compiled: an unfused softmax, then P@V (reference/family.py)
+        flex.capabilities["family"] = ("p_normalized",)
     return flex
 
 

@@ -68,6 +68,9 @@ CONTROLS: tuple[Control, ...] = (
     Control("bias_fma_split", "QKᵀ·scale + bias as one FMA with the product exact in the "
                               "forward, the product rounded first in the backward "
                               "(declares bias_fma_split)"),
+    Control("p_normalized", "softmax over the whole row, P = e^(s-m)/l rounded to the input "
+                            "dtype, then P@V (FlexAttention's eager path; declares "
+                            "p_normalized)"),
     Control("triton_fwd", "Triton forward, tiles of 16 (Triton mutant base)"),
     Control("triton_tile32", "Triton forward, tiles of 32"),
     Control("reference", "float64 oracle rounded to the input dtype", builtin=True),

@@ -1,0 +1,43 @@
+"""Control: the probabilities normalised before the P@V product (an unfused softmax).
+
+The textbook attention, softmax(QKᵀ·scale)·V, as FlexAttention's eager path runs it (torch
+2.13's ``math_attention``: scores in fp32, ``torch._safe_softmax`` over the whole row,
+``.to(query.dtype)``, then the matmul) and as two-pass kernels run it that form
+P = exp(S − lse) from a first pass's lse: every probability P = e^(s−m)/ℓ is rounded to the
+input dtype before it multiplies V, and nothing is divided afterwards. The FlashAttention-2
+order instead rounds the unnormalised e^(s−m), whose row max is exactly 1, and divides the
+fp32 accumulator by ℓ at the end. Both are correct; where scores tie, the tied P = 1/k round
+alike, so the unfused route's error adds coherently (bf16 ties(1): out rmse 1.8x the FA2
+order's). The backward is FlashAttention-2's (it needs only O and lse), as in FlexAttention.
+
+It declares the choice (``capabilities["family"]``, member ``p_normalized``): in the family
+by default that member hid precision mutants case by case, so the harness uses it only for
+kernels that say they make the choice (the ``flex`` built-in on the CPU does).
+"""
+
+import torch
+from flashcheck.verify.mutants._blocked import NEG_INF, BlockedAttention
+from flashcheck.verify.mutants._common import full_capabilities
+
+
+class _PNormalized(BlockedAttention):
+    capabilities = full_capabilities(family=("p_normalized",))
+
+    def forward(self, query, key, value, bias, p):
+        dtype = query.dtype
+        _, kf, vf, allowed = self._gathered(query, key, value, p)
+        s = self._scores(query.float(), kf, allowed, bias, 0, p.Nk, p, dtype)  # whole rows
+        m = s.amax(dim=-1)
+        e = self.exp(s - self.safe_max(m)[..., None])
+        l = e.sum(dim=-1)
+        live = l > 0
+        prob = e / torch.where(live, l, torch.ones_like(l))[..., None]
+        out = self.mm(self.round_p(prob, dtype), vf)
+        out = torch.where(live[..., None], out, torch.zeros_like(out))
+        lse = torch.where(live, m + torch.log(torch.where(live, l, torch.ones_like(l))),
+                          torch.full_like(m, NEG_INF))
+        return out.to(dtype), self.store_lse(lse, dtype)
+
+
+attention = _PNormalized()
+capabilities = attention.capabilities
