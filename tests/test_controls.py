@@ -435,3 +435,32 @@ def test_flex_eager_unfused_softmax_is_judged_by_its_member():
     worse = {"out": (exact + 3.5 * (out.double() - exact)).to(torch.bfloat16)}
     far = check_case(_stored_kernel(worse, ()), case, "cpu", family="full")
     assert far.status == "fail" and not far.tensors["out"].passed, (far.status, far.reason)
+
+
+def test_cpu_flash_sdpa_backward_scores_are_judged_by_their_member():
+    """A first campaign on the CPU (`flashcheck fuzz --kernel sdpa-flash --device cpu`)
+    flagged PyTorch's CPU flash kernel: fp32 dv at 1.1x the floor's tolerance (D 40,
+    normal(3) inputs). That kernel recomputes the backward's scores with its own GEMM
+    blocking, the choice of the ``bwd_scores_k16`` members, which sdpa-varlen (the same kernel
+    per sequence) declares already; the sdpa-flash built-in declares it on the CPU: judged
+    with it the case passes, and without it fails as it did."""
+    from pathlib import Path
+
+    from flashcheck.verify.adapters import resolve_kernel
+    from flashcheck.verify.cases import load_case_file
+    from flashcheck.verify.check import check_case
+
+    case, _ = load_case_file(Path(__file__).parent / "data" /
+                             "sdpa_flash_cpu_fp32_bwd_scores.json")
+    flash = resolve_kernel("sdpa-flash", "cpu")
+    assert flash.declared["family"] == ("bwd_scores_k16",)
+    assert "family" not in resolve_kernel("sdpa-flash", "cuda").declared
+    v = check_case("sdpa-flash", case, "cpu", family="full")
+    assert v.status == "pass", v.summary()
+
+    def undeclared(*a, **kw):
+        return flash.fn(*a, **kw)
+
+    undeclared.capabilities = {k: v for k, v in flash.declared.items() if k != "family"}
+    bad = check_case(undeclared, case, "cpu", family="full")
+    assert bad.status == "fail" and not bad.tensors["dv"].passed, bad.summary()

@@ -255,7 +255,7 @@ def _online_kernel():
     return online
 
 
-def _sdpa_kernel(backend_name: str):
+def _sdpa_kernel(backend_name: str, device: str = "cuda"):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backend = getattr(SDPBackend, backend_name)
@@ -273,6 +273,10 @@ def _sdpa_kernel(backend_name: str):
         sdpa.capabilities["family"] = ("qk_sqrt_scaled",)
     elif backend_name == "EFFICIENT_ATTENTION":  # fp32 GEMMs as 3xTF32 (reference/family.py)
         sdpa.capabilities["family"] = ("fp32_3xtf32",)
+    elif backend_name == "FLASH_ATTENTION" and not str(device).startswith("cuda"):
+        # PyTorch's CPU flash kernel recomputes the backward's scores with its own GEMM
+        # blocking (as sdpa-varlen, which runs it per sequence: verify/ragged.py)
+        sdpa.capabilities["family"] = ("bwd_scores_k16",)
     return sdpa
 
 
@@ -321,7 +325,7 @@ def _builtin(name: str, device: str) -> Callable:
     if name == "online":
         return _online_kernel()
     if name in _SDPA_BACKENDS:
-        return _sdpa_kernel(_SDPA_BACKENDS[name])
+        return _sdpa_kernel(_SDPA_BACKENDS[name], device)
     if name in ("triton-varlen", "triton-decode"):
         return _triton("attention_" + name.removeprefix("triton-"), name)
     if name in RAGGED_BUILTINS:
