@@ -255,7 +255,7 @@ def _online_kernel():
     return online
 
 
-def _sdpa_kernel(backend_name: str, device: str = "cuda"):
+def _sdpa_kernel(backend_name: str, device: str):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backend = getattr(SDPBackend, backend_name)

@@ -65,9 +65,7 @@ def flaky_replays(rate: tuple[int, int] | None) -> int:
     them all with probability <= FLAKY_MISS: ceil(ln MISS / ln(1 - q)), within
     [FLAKY_REPEATS, FLAKY_MAX_REPLAYS]; FLAKY_REPEATS when no rate is recorded."""
     q = rate_lower_bound(*rate) if rate else 0.0
-    if q <= 0.0:
-        return FLAKY_REPEATS
-    if q >= 1.0:
+    if not 0.0 < q < 1.0:
         return FLAKY_REPEATS
     n = math.ceil(math.log(FLAKY_MISS) / math.log1p(-q))
     return min(FLAKY_MAX_REPLAYS, max(FLAKY_REPEATS, n))

@@ -16,7 +16,7 @@ kernels that say they make the choice (the ``flex`` built-in on the CPU does).
 """
 
 import torch
-from flashcheck.verify.mutants._blocked import NEG_INF, BlockedAttention
+from flashcheck.verify.mutants._blocked import BlockedAttention
 from flashcheck.verify.mutants._common import full_capabilities
 
 
@@ -30,13 +30,11 @@ class _PNormalized(BlockedAttention):
         m = s.amax(dim=-1)
         e = self.exp(s - self.safe_max(m)[..., None])
         l = e.sum(dim=-1)
-        live = l > 0
-        prob = e / torch.where(live, l, torch.ones_like(l))[..., None]
+        live = (l > 0)[..., None]
+        prob = e / torch.where(live, l[..., None], torch.ones_like(e))
         out = self.mm(self.round_p(prob, dtype), vf)
-        out = torch.where(live[..., None], out, torch.zeros_like(out))
-        lse = torch.where(live, m + torch.log(torch.where(live, l, torch.ones_like(l))),
-                          torch.full_like(m, NEG_INF))
-        return out.to(dtype), self.store_lse(lse, dtype)
+        out = torch.where(live, out, torch.zeros_like(out))
+        return out.to(dtype), self.store_lse(self.log_sum_exp(m, l), dtype)
 
 
 attention = _PNormalized()
