@@ -260,11 +260,11 @@ def test_fuzz_correct_kernel_finds_nothing(tmp_path, kfile, capsys):
 
 @pytest.fixture
 def small_sweep(monkeypatch):
-    from flashcheck import verify
+    from flashcheck.verify import strategies
 
     sweep = [SMALL, TINY, Case(B=1, Hq=2, Hkv=1, Nq=4, Nk=4, D=8, dtype="float16",
                                mask={"kind": "random", "density": 0.5}, seed=9)]
-    monkeypatch.setattr(verify.strategies, "fixed_sweep",
+    monkeypatch.setattr(strategies, "fixed_sweep",
                         lambda profile, api="dense": list(sweep))
     return sweep
 
@@ -304,7 +304,13 @@ def test_gate_update_then_pass_then_over_budget(small_sweep, tmp_path, kfile, ca
         entry["budget"] = entry["worst_ratio"] / 2 if entry["worst_ratio"] > 0 else 1e-30
     budgets.write_text(json.dumps(data))
     assert cli.main(base) == 1
-    assert "> budget" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "> budget" in out and "recorded under" not in out
+    # Over budget on budgets recorded under another numpy: the gate says which versions moved.
+    budgets.write_text(json.dumps({**data, "versions": {**data["versions"], "numpy": "0.0.1"}}))
+    assert cli.main(base) == 1
+    out = capsys.readouterr().out
+    assert "recorded under numpy 0.0.1, this run has numpy " in out
     # A configuration without a budget fails too.
     budgets.write_text(json.dumps({**data, "configs": {"x": {"budget": 1.0}}}))
     assert cli.main(base) == 1
@@ -390,6 +396,24 @@ def test_default_budgets_path_by_kernel_and_device(tmp_path, monkeypatch):
         "triton-gpu-NVIDIA_H200.json"
     user = gate.default_budgets_path("mykern.py:attention", "cpu")
     assert user == tmp_path / "flashcheck-budgets" / "mykern.py_attention-cpu.json"
+
+
+def test_the_cpu_device_model_names_an_architecture_whose_blas_is_not_pinned(monkeypatch):
+    """x86-64 hosts share the "cpu" budgets (one BLAS core type in the workers); another
+    architecture sums in other orders, so its budgets are its own file, and a gate there on
+    the x86-64 budgets is refused ("no budgets for this device") rather than judged."""
+    import platform
+
+    from flashcheck.verify import gate
+
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    assert gate.device_model("cpu") == "cpu"
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    assert gate.device_model("cpu") == "cpu-aarch64"
+    assert gate.default_budgets_path("triton", "cpu", "cpu-aarch64").name == \
+        "triton-cpu-aarch64.json"
+    with pytest.raises(ValueError, match=r"no budgets for this device \(cpu-aarch64\)"):
+        gate.check_device_model({"device_model": "cpu"}, Path("b.json"), "cpu-aarch64")
 
 
 def test_gate_update_does_not_budget_a_failing_configuration(small_sweep, tmp_path, kfile,

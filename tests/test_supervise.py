@@ -29,9 +29,11 @@ from flashcheck.verify.repro import (
 )
 from flashcheck.verify.supervise import (
     BASE_TIMEOUT_S,
+    CPU_ARITHMETIC_ENV,
     TIMEOUT_MEDIAN_FACTOR,
     Supervisor,
     normalise_message,
+    pins_cpu_arithmetic,
     root_cause,
 )
 from flashcheck.verify.sweep import run_cases
@@ -225,6 +227,28 @@ def test_sweep_dedups_by_root_cause_and_keeps_the_smallest_case(tmp_path):
     info = meta["verdict"]["observations"]["root_cause"]
     assert info["hits"] == 3 and len(info["configurations"]) == 2
     assert {r["case_file"] for r in recs if r["status"] == "fail"} == {str(files[0])}
+
+
+@pytest.mark.skipif(not pins_cpu_arithmetic(), reason="the BLAS core type is pinned on x86-64")
+def test_workers_run_one_blas_core_type_whatever_the_host_picks(tmp_path, monkeypatch):
+    """The interpreter's tl.dot is numpy's OpenBLAS sgemm, whose summation order follows the
+    core type OpenBLAS picks per CPU (the CPU gate failed 5 of 77 configurations on budgets
+    recorded on another x86-64 host). Workers start under one pinned core type, whatever the
+    environment (here: another core type set by the user) says."""
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+    kfile = tmp_path / "blas_env.py"
+    kfile.write_text(
+        "import os\nimport torch\n\n"
+        "def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,\n"
+        "              scale=None, enable_gqa=False):\n"
+        f"    want = {CPU_ARITHMETIC_ENV['OPENBLAS_CORETYPE']!r}\n"
+        "    assert os.environ.get('OPENBLAS_CORETYPE') == want\n"
+        "    return torch.nn.functional.scaled_dot_product_attention(\n"
+        "        query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale)\n")
+    case = Case(B=1, Hq=2, Hkv=2, Nq=5, Nk=5, D=8, dtype="float32", seed=1)
+    recs = run_cases(None, [case], "cpu", kernel_spec=f"{kfile}:attention",
+                     failures_dir=tmp_path / "f", quiet=True)
+    assert [r["status"] for r in recs] == ["pass"], recs
 
 
 def test_cuda_error_replaces_the_worker_and_is_confirmed(tmp_path):

@@ -15,10 +15,13 @@ its dtype, for the headroom): a corpus case exercises one specific hazard, so it
 is tracked on its own instead of being folded into (and hidden by) a sweep configuration. A
 corpus file added without ``--update`` is named as unbudgeted and fails the gate.
 
-Budgets are keyed by device model: the file records ``device_model`` ("cpu", or the CUDA
-device name such as "NVIDIA H200") and the default path carries it for GPUs
-(``<kernel>-gpu-NVIDIA_H200.json``). A run on another model is refused with "no budgets for
-this device" (exit 2) instead of being compared with another GPU's numbers.
+Budgets are keyed by device model: the file records ``device_model`` ("cpu" for any x86-64
+host, whose workers run one pinned BLAS core type, "cpu-<machine>" on another architecture,
+or the CUDA device name such as "NVIDIA H200") and the default path carries it where it is
+not "cpu" (``<kernel>-gpu-NVIDIA_H200.json``, ``<kernel>-cpu-aarch64.json``). A run on another
+model is refused with "no budgets for this device" (exit 2) instead of being compared with
+another machine's numbers. A gate that fails on budgets recorded under other library
+versions says which (numpy's BLAS, torch and Triton move the ratios too).
 
 A budget is the committed worst ratio times :data:`HEADROOM` of the configuration's dtype.
 ``--update`` rewrites the file from the current run and prints the diff against the committed
@@ -35,6 +38,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import platform
 import re
 from pathlib import Path
 from typing import Any
@@ -73,10 +77,14 @@ def _safe(name: str) -> str:
 
 
 def device_model(device: str) -> str:
-    """What budgets are keyed by: "cpu" (the Triton interpreter; its arithmetic is the same on
-    any host), or the CUDA device's name (``torch.cuda.get_device_name``)."""
+    """What budgets are keyed by: "cpu" on x86-64 (the Triton interpreter, its workers' BLAS
+    pinned to one core type: the same arithmetic on any x86-64 host), "cpu-<machine>" on
+    another architecture (e.g. "cpu-aarch64", whose BLAS kernels sum in other orders), or
+    the CUDA device's name (``torch.cuda.get_device_name``)."""
     if device == "cpu":
-        return "cpu"
+        from flashcheck.verify.supervise import pins_cpu_arithmetic
+
+        return "cpu" if pins_cpu_arithmetic() else f"cpu-{_safe(platform.machine().lower())}"
     import torch
 
     return torch.cuda.get_device_name(torch.device(device))
@@ -93,7 +101,8 @@ def default_budgets_path(kernel_spec: str, profile: str, model: str = "cpu") -> 
     from flashcheck.verify.adapters import BUILTINS
 
     name = _safe(kernel_spec) or "kernel"
-    stem = f"{name}-{profile}" if model == "cpu" else f"{name}-{profile}-{_safe(model)}"
+    suffix = "" if model == "cpu" else "-" + _safe(model.removeprefix("cpu-"))
+    stem = f"{name}-{profile}{suffix}"
     root = (Path(__file__).resolve().parent / "budgets" if kernel_spec in BUILTINS
             else Path.cwd() / "flashcheck-budgets")
     return root / f"{stem}.json"
@@ -191,6 +200,17 @@ def check_device_model(budgets: dict[str, Any], path: Path, model: str) -> None:
         raise ValueError(f"--budgets {path}: no budgets for this device ({model}); these were "
                          f"made on {made_on}. Make them here with 'flashcheck gate --update' "
                          "and commit the file")
+
+
+def version_changes(recorded: dict[str, str], now: dict[str, str]) -> tuple[str, str] | None:
+    """("numpy 2.4.6", "numpy 2.5.0")-style texts of the versions that differ between a
+    budgets file and this run (flashcheck's own excluded: the code under test is the
+    point), or None when none does."""
+    keys = [k for k in recorded if k != "flashcheck" and k in now and recorded[k] != now[k]]
+    if not keys:
+        return None
+    return (", ".join(f"{k} {recorded[k]}" for k in keys),
+            ", ".join(f"{k} {now[k]}" for k in keys))
 
 
 def regression_key(case_file: Path, dtype: str) -> dict[str, str]:
@@ -311,6 +331,11 @@ def run_gate(kernel: Any, *, kernel_spec: str, device: str, profile: str, budget
     bad = [r for r in rows if r["status"] == "fail"]
     print(f"gate: {len(bad)} of {len(rows)} configurations over budget or failing"
           if bad else f"gate: all {len(rows)} configurations within budget")
+    moved = version_changes(budgets.get("versions") or {}, R.versions())
+    if bad and moved:
+        print(f"note: the budgets were recorded under {moved[0]}, this run has {moved[1]}: a "
+              "library's arithmetic moves the ratios too; if the kernel did not change, "
+              "re-record the budgets under these versions ('flashcheck gate --update')")
     R.print_failures(rep)
     return 1 if bad else 0
 

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import platform
 import re
 import shutil
 import signal
@@ -364,12 +365,29 @@ def _worker_main(conn, spec: str, device: str, threads: int | None, dump_path: s
 
 _CTX = None
 
+# The Triton interpreter's tl.dot is numpy.matmul, i.e. OpenBLAS's sgemm, and OpenBLAS picks
+# its kernel, and with it the order in which it sums K, by CPU model: on one host the gate's
+# fp32 large_logits case had a dv error of 2.3e-03 under one core type and 8.6e-05 under
+# another, from the same input bits. Workers start under one core type that every x86-64 CPU
+# runs (SSE3), so a CPU run computes the same bits on any x86-64 host: the CPU gate's
+# budgets and a case file's replay carry across machines. Other architectures keep
+# OpenBLAS's choice (their budgets are keyed apart: verify/gate.py device_model).
+CPU_ARITHMETIC_ENV = {"OPENBLAS_CORETYPE": "Prescott"}
+
+
+def pins_cpu_arithmetic() -> bool:
+    """Whether workers run under :data:`CPU_ARITHMETIC_ENV` (x86-64 hosts)."""
+    return platform.machine().lower() in ("x86_64", "amd64")
+
 
 def _context():
     """The forkserver context, its server preloading torch, Triton and the harness (module
-    docstring); spawn where there is no forkserver."""
+    docstring); spawn where there is no forkserver. Set up before the server starts, so it
+    and every worker load OpenBLAS under :data:`CPU_ARITHMETIC_ENV`."""
     global _CTX
     if _CTX is None:
+        if pins_cpu_arithmetic():
+            os.environ.update(CPU_ARITHMETIC_ENV)
         if "forkserver" in multiprocessing.get_all_start_methods():
             _CTX = multiprocessing.get_context("forkserver")
             # Never the kernel, never anything that initialises CUDA: imports only.
