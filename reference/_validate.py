@@ -32,7 +32,7 @@ NORMALIZES = ("divide", "reciprocal", "before_pv")
 EXP_ACCURACIES = ("library", "approx")
 TF32_ROUNDINGS = ("nearest", "truncate")
 BWD_SCORES = ("as_forward", "k16", "k8", "k1")
-ACCUMULATES = ("blocked", "fma_chain")
+ACCUMULATES = ("blocked", "fma_chain", "input_dtype")
 FP32_DOTS = ("ieee", "3xtf32")
 BIAS_FMAS = ("none", "split")
 

@@ -15,9 +15,10 @@ each member, real kernels that make its choice.
   ``exp2_approx`` only for fp32 inputs; ``fa2_128x16`` only for fp32 and fp64 inputs;
   the :data:`OPT_IN` members (``q_prescaled``,
   ``q_exp2_prescaled``, ``split_kv``, ``bwd_scores_k16``, ``qk_sqrt_scaled``,
-  ``fp32_fma_chain``, ``fp32_3xtf32``, ``bias_fma_split``, ``p_normalized``) only when the
-  kernel declares them (``fp32_fma_chain`` and ``fp32_3xtf32`` for fp32 inputs without TF32
-  only, ``p_normalized`` below fp32 only);
+  ``fp32_fma_chain``, ``fp32_3xtf32``, ``bias_fma_split``, ``p_normalized``,
+  ``grads_input_dtype``) only when the kernel declares them (``fp32_fma_chain`` and
+  ``fp32_3xtf32`` for fp32 inputs without TF32 only, ``p_normalized`` and
+  ``grads_input_dtype`` below fp32 only);
   declaring ``split_kv`` brings ``split_kv_halves``, declaring ``bwd_scores_k16`` brings
   ``bwd_scores_k8`` and ``bwd_scores_k1``.
 - ``run_family(query, key, value, grad_out, ...)``: every member on the same inputs; per
@@ -73,6 +74,9 @@ FAMILY: dict[str, dict] = {
     "fp32_3xtf32": dict(_BASE, fp32_dot="3xtf32"),
     "bias_fma_split": dict(_BASE, scale_at="exp2", bias_fma="split"),
     "p_normalized": dict(_BASE, normalize="before_pv"),
+    # PyTorch's CPU flash backward: 32-row query tiles (its tiling below 192 query rows, the
+    # most roundings of its three), 512-key tiles.
+    "grads_input_dtype": dict(block_m=32, block_n=512, accumulate="input_dtype"),
 }
 
 FAMILY_NOTES: dict[str, str] = {
@@ -219,6 +223,15 @@ FAMILY_NOTES: dict[str, str] = {
                     "tied scores round alike: bf16 ties(1), window (0, 12), Nq 7, Nk 16: "
                     "out rmse 7.9e-4 against fa2_128's 4.3e-4. Below fp32 only; opt-in "
                     "(the flex built-in declares it on the CPU)",
+    "grads_input_dtype": "dQ, dK and dV held in the input dtype between tiles: each tile's "
+                         "fp32 product added to the running value, the sum rounded to the "
+                         "input dtype after every add, a GQA group's query heads into one "
+                         "kv-head accumulator head after head. PyTorch's CPU flash SDPA "
+                         "backward (gradient buffers in the inputs' dtype, cpublas GEMMs with "
+                         "beta = 1; 32-row query tiles below 192 rows, 512-key tiles): fp16 "
+                         "MQA 3/1, Nq 35, Nk 1: dv 1.33x the rule without it (6 fp16 roundings "
+                         "where gqa_per_head_rounded makes 3); bf16 GQA 6/3 dk 1.01x. Below "
+                         "fp32 only; opt-in (the sdpa-flash built-in declares it on the CPU)",
 }
 
 # Switches that change only the backward (the forward of members differing in them is shared).
@@ -257,8 +270,14 @@ _LOOP_KEYS = dict(block_m=128, block_n=128, order="fa2")
 #   hid precision mutants case by case (120 drawn fp16/bf16 cases: fp16_accumulation failed
 #   7 without it, 0 with it; p_bf16_for_fp16 35 and 26; ds_bf16_for_dk 16 and 13); the
 #   `flex` built-in on the CPU (FlexAttention's eager path) declares it.
+# - grads_input_dtype: one rounding to the input dtype per query tile (and per head of a
+#   GQA group) where the other members round once; a precision bug of exactly that size
+#   (dK/dV kept in fp16/bf16) is what the ds_bf16_for_dk-style mutants plant, so a kernel
+#   is judged by it only when it says it keeps its gradients so (the sdpa-flash built-in on
+#   the CPU, PyTorch's CPU flash backward, does).
 OPT_IN = ("q_prescaled", "q_exp2_prescaled", "split_kv", "bwd_scores_k16", "qk_sqrt_scaled",
-          "fp32_fma_chain", "fp32_3xtf32", "bias_fma_split", "p_normalized")
+          "fp32_fma_chain", "fp32_3xtf32", "bias_fma_split", "p_normalized",
+          "grads_input_dtype")
 
 
 # An opt-in choice judged by more than one member (the split count of split-KV is each
@@ -292,7 +311,7 @@ def family_members(dtype, *, gqa: bool, tf32: bool, declared=()) -> dict[str, di
         # P, dS and per-head dK/dV are already in the accumulator dtype: rounding them
         # again changes nothing, and these members are the baseline.
         skip.update(("p_ds_fp32", "gqa_per_head_rounded", "gqa_expand_autograd",
-                     "p_normalized"))
+                     "p_normalized", "grads_input_dtype"))
     if not (tf32 and dtype == torch.float32):
         skip.update(("tf32", "tf32_truncated"))
     if dtype != torch.float32 or tf32:

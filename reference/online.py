@@ -252,6 +252,7 @@ class _Arith:
         self.bwd_k_step = K_STEPS.get(bwd_scores, 0)  # 0: the forward's product
         # A running sum is a rounding model of fp32 accumulators only (float64 is exact here).
         self.fma_chain = accumulate == "fma_chain" and self.acc == torch.float32
+        self.grads_in_input = accumulate == "input_dtype"
         self.x3tf32 = fp32_dot == "3xtf32"
         self.bias_split = bias_fma == "split"
 
@@ -583,17 +584,33 @@ def _kv_accumulate(ar, p, acc, a, b):
     return acc
 
 
+def _scaled(ar, p, x):
+    """One tile's dS product times the scale, unless dS carries it already."""
+    return x if ar.ds_before_round else ar.ftz(x * p.scale)
+
+
+def _input_dtype_sum(ar, p, acc, tiles):
+    """``accumulate="input_dtype"``: ``acc`` (B, Hkv, cols, D) after adding each query tile's
+    fp32 product of ``tiles`` (each (B, Hq, cols, D)), rounding to the input dtype after
+    every add: the group's query heads one after the other (query head c·g + h adds into kv
+    head c), each head's tiles in query order."""
+    for h in range(p.group):
+        for t in tiles:
+            acc = ar.rnd(acc + t.unflatten(1, (p.Hkv, p.group))[:, :, h])
+    return acc
+
+
 def _backward_fa2(ar, p, q, k, v, attn_mask, out, lse, dout, bm, bn, want_dbias):
     """Blocked FlashAttention-2 backward; K/V tiles outer. Returns dq, dk, dv, dbias (acc);
     dk and dv per query head (B, Hq, Nk, D), not yet reduced over a GQA group, except with
-    ``gqa_reduce="group_fp32"`` (B, Hkv, Nk, D).
+    ``gqa_reduce="group_fp32"`` or ``accumulate="input_dtype"`` (B, Hkv, Nk, D).
 
     ``lse`` is the forward's (in log2 units when ``scale_at="exp2"``)."""
     do = ar.load(dout)
     delta = (do * out).sum(dim=-1)
     lse_shift = torch.where(lse == -torch.inf, torch.zeros_like(lse), lse)
     dq = torch.zeros_like(q)
-    if ar.group_acc:
+    if ar.group_acc or ar.grads_in_input:
         dk = torch.zeros(p.B, p.Hkv, p.Nk, p.D, dtype=ar.acc, device=q.device)
         dv = torch.zeros_like(dk)
     else:
@@ -610,6 +627,7 @@ def _backward_fa2(ar, p, q, k, v, attn_mask, out, lse, dout, bm, bn, want_dbias)
         if chain is None:  # the chains' sums are formed after the loop (_chain_grads)
             dk_j = torch.zeros_like(dk[:, :, cs])
             dv_j = torch.zeros_like(dv[:, :, cs])
+        tiles_k, tiles_v = [], []  # accumulate="input_dtype": each query tile's products
         for rows in _tiles(p.Nq, bm):
             rs = slice(rows[0], rows[1])
             qi, do_i = q[:, :, rs], do[:, :, rs]
@@ -622,18 +640,25 @@ def _backward_fa2(ar, p, q, k, v, attn_mask, out, lse, dout, bm, bn, want_dbias)
             ds_r = ar.rnd_ds(ar.ftz(ds * p.scale) if ar.ds_before_round else ds)
             if chain is not None:
                 chain[0][:, :, rs, cs], chain[1][:, :, rs, cs] = ar.rnd_p(pt), ds_r
+            elif ar.grads_in_input:
+                tiles_v.append(ar.mm(ar.rnd_p(pt).transpose(-2, -1), do_i))
+                tiles_k.append(_scaled(ar, p, ar.mm(ds_r.transpose(-2, -1), qi)))
+                dq[:, :, rs] = ar.rnd(dq[:, :, rs] + _scaled(ar, p, ar.mm(ds_r, kj)))
             else:
                 dv_j = _kv_accumulate(ar, p, dv_j, ar.rnd_p(pt), do_i)
                 dk_j = _kv_accumulate(ar, p, dk_j, ds_r, qi)
                 dq[:, :, rs] += ar.mm(ds_r, kj)
             if dbias is not None:
                 dbias[:, :, rs, cs] = ds
-        if chain is None:
+        if ar.grads_in_input:
+            dk[:, :, cs] = _input_dtype_sum(ar, p, dk_j, tiles_k)
+            dv[:, :, cs] = _input_dtype_sum(ar, p, dv_j, tiles_v)
+        elif chain is None:
             dk[:, :, cs] = dk_j
             dv[:, :, cs] = dv_j
     if chain is not None:
         dq, dk, dv = _chain_grads(ar, p, q, k, do, *chain)
-    if not ar.ds_before_round:
+    if not ar.ds_before_round and not ar.grads_in_input:  # scaled tile by tile there
         dq, dk = ar.ftz(dq * p.scale), ar.ftz(dk * p.scale)
     return dq, dk, dv, dbias
 
@@ -819,7 +844,7 @@ def _run_backward(ar, p, query, key, value, attn_mask, out, lse, dout, bm, bn, w
 def _reduce_kv_grad(ar, p, g, dtype):
     """A per-query-head dk or dv (B, Hq, Nk, D; acc dtype) -> (B, Hkv, Nk, D) in ``dtype``,
     reduced over each kv head's group as ``gqa_reduce`` says."""
-    if ar.group_acc:
+    if ar.group_acc or ar.grads_in_input:
         return ar.result(g, dtype)  # reduced in the backward's accumulator already
     if ar.gqa_reduce == "per_head_fp32" or p.group == 1:
         return ar.result(p.reduce_kv(g), dtype)
@@ -895,6 +920,9 @@ def _make_arith(dtype, precision, **switches) -> _Arith:
         fp32_dot=check_choice("fp32_dot", sw["fp32_dot"], FP32_DOTS),
         bias_fma=check_choice("bias_fma", sw["bias_fma"], BIAS_FMAS),
     )
+    if sw["accumulate"] == "input_dtype" and sw["gqa_reduce"] != "per_head_fp32":
+        raise ValueError(f"accumulate='input_dtype' reduces a GQA group itself (heads into "
+                         f"one input-dtype accumulator); got gqa_reduce={sw['gqa_reduce']!r}")
     if ar.bias_split and sw["scale_at"] != "exp2":
         raise ValueError(f"bias_fma='split': only with scale_at='exp2' (the score in base 2 "
                          f"as QKᵀ·c plus bias·log2 e); got scale_at={sw['scale_at']!r}")
@@ -999,7 +1027,13 @@ def online_attention(
       after the other (Triton's IEEE fp32 ``tl.dot(a, b, acc)``); dP = dO Vᵀ likewise, one
       running sum over the head dim in order (a row of constant V makes its rounding
       coherent, and dP − D then keeps it). The forward's products and the backward's
-      scores stay blocked (sums over the head dim or within one tile).
+      scores stay blocked (sums over the head dim or within one tile). ``"input_dtype"``:
+      dQ, dK and dV held in the input dtype between tiles: each tile's fp32 product (times
+      the scale, for dQ and dK) is added to the running value and the sum rounded to the
+      input dtype, dQ over the key tiles in order, dK/dV over the query tiles in order, a
+      GQA group's query heads into their kv head's one accumulator, head after head
+      (``gqa_reduce`` must stay at its default). PyTorch's CPU flash backward does this: its
+      gradient buffers are the inputs' dtype, each cpublas GEMM adds with beta = 1.
     - ``fp32_dot``: float32 inputs only: ``"ieee"`` fp32 products; ``"3xtf32"`` every
       matmul as three TF32 tensor-core products of the operands split into a truncated
       TF32 part and a rounded TF32 remainder (``_mm_3xtf32``; CUTLASS's

@@ -10,6 +10,7 @@ tests/test_mutants.py: 4x the baseline's error or 4 unit roundoffs of the magnit
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 import pytest
@@ -453,10 +454,49 @@ def test_cpu_flash_sdpa_backward_scores_are_judged_by_their_member():
     case, _ = load_case_file(Path(__file__).parent / "data" /
                              "sdpa_flash_cpu_fp32_bwd_scores.json")
     flash = resolve_kernel("sdpa-flash", "cpu")
-    assert flash.declared["family"] == ("bwd_scores_k16",)
+    assert flash.declared["family"] == ("bwd_scores_k16", "grads_input_dtype")
     assert "family" not in resolve_kernel("sdpa-flash", "cuda").declared
     v = check_case("sdpa-flash", case, "cpu", family="full")
     assert v.status == "pass", v.summary()
+
+    def undeclared(*a, **kw):
+        return flash.fn(*a, **kw)
+
+    undeclared.capabilities = {k: v for k, v in flash.declared.items() if k != "family"}
+    bad = check_case(undeclared, case, "cpu", family="full")
+    assert bad.status == "fail" and not bad.tensors["dv"].passed, bad.summary()
+
+
+def test_cpu_flash_sdpa_gradients_in_the_input_dtype_are_judged_by_their_member():
+    """A CPU campaign (`flashcheck fuzz --kernel sdpa-flash --device cpu --seed 21`) flagged
+    PyTorch's CPU flash kernel: fp16 MQA 3/1, Nq 35, Nk 1, dv at 1.33x the tolerance. Its
+    backward keeps dV in an fp16 tensor and adds each 32-row query tile of each of the three
+    heads into it (6 roundings; gqa_per_head_rounded makes 3). The grads_input_dtype member
+    is that arithmetic (its dv error equals the kernel's); the built-in declares it on the
+    CPU, and judged without it the case fails as it did."""
+    from pathlib import Path
+
+    from flashcheck.reference import online_attention
+    from flashcheck.reference.family import FAMILY
+    from flashcheck.verify.adapters import resolve_kernel
+    from flashcheck.verify.cases import load_case_file
+    from flashcheck.verify.check import check_case
+
+    case, _ = load_case_file(Path(__file__).parent / "data" /
+                             "sdpa_flash_cpu_fp16_mqa_grads_input_dtype.json")
+    v = check_case("sdpa-flash", case, "cpu", family="full")
+    assert v.status == "pass" and v.tensors["dv"].member == "grads_input_dtype", v.summary()
+    # The member's dv is the kernel's, bit for bit.
+    inputs = case.materialize("cpu")
+    q, k, v_ = (t.detach().requires_grad_() for t in (inputs.query, inputs.key, inputs.value))
+    inputs = dataclasses.replace(inputs, query=q, key=k, value=v_)
+    flash = resolve_kernel("sdpa-flash", "cpu")
+    (got,) = torch.autograd.grad(flash.call(inputs)[0], v_, inputs.grad_out)
+    kw = dict(attn_mask=inputs.attn_mask, is_causal=inputs.is_causal, scale=inputs.scale,
+              enable_gqa=True, window=inputs.window, causal_alignment=inputs.causal_alignment)
+    member = online_attention(q, k, v_, **kw, **FAMILY["grads_input_dtype"])
+    (want,) = torch.autograd.grad(member, v_, inputs.grad_out)
+    assert torch.equal(got, want)
 
     def undeclared(*a, **kw):
         return flash.fn(*a, **kw)

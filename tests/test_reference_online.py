@@ -570,3 +570,55 @@ def test_p_normalized_needs_the_fa2_order():
     q = torch.randn(1, 1, 4, 8)
     with pytest.raises(ValueError, match="normalize='before_pv'.*order='fa2'"):
         reference.online_attention(q, q, q, order="fa1", normalize="before_pv")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gradients_accumulated_in_the_input_dtype(dtype):
+    """accumulate="input_dtype": dQ, dK, dV held in the input dtype between tiles, each
+    tile's fp32 product (times the scale for dQ and dK) added and the sum rounded; a GQA
+    group's heads one after the other into their kv head's accumulator. Equal, bit for bit,
+    to that loop written out (heads of a group outer, query tiles, key tiles inner), and
+    not to the baseline's fp32 sums."""
+    g = torch.Generator().manual_seed(5)
+    B, Hq, Hkv, N, D, bm, bn, scale = 1, 4, 2, 20, 8, 8, 8, 0.3
+    q = torch.randn(B, Hq, N, D, generator=g).to(dtype)
+    k, v = (torch.randn(B, Hkv, N, D, generator=g).to(dtype) for _ in range(2))
+    do = torch.randn(B, Hq, N, D, generator=g).to(dtype)
+    kw = dict(scale=scale, enable_gqa=True, block_m=bm, block_n=bn)
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    out, lse = reference.online_attention(qg, kg, vg, accumulate="input_dtype",
+                                          return_lse=True, **kw)
+    got = torch.autograd.grad(out, (qg, kg, vg), do)
+
+    group = Hq // Hkv
+    qf, dof, of = q.float(), do.float(), out.detach().float()
+    kf, vf = (t.float().repeat_interleave(group, 1) for t in (k, v))
+    delta = (dof * of).sum(-1)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for r in range(group):
+        hs = slice(r, None, group)
+        for m0 in range(0, N, bm):
+            rows = slice(m0, m0 + bm)
+            for n0 in range(0, N, bn):
+                cols = slice(n0, n0 + bn)
+                s = (qf[:, hs, rows] @ kf[:, hs, cols].transpose(-2, -1)) * scale
+                p = torch.exp(s - lse[:, hs, rows, None])
+                dv[:, :, cols] = (dv[:, :, cols].float()
+                                  + p.to(dtype).float().transpose(-2, -1) @ dof[:, hs, rows]
+                                  ).to(dtype)
+                dp = dof[:, hs, rows] @ vf[:, hs, cols].transpose(-2, -1)
+                ds = (p * (dp - delta[:, hs, rows, None])).to(dtype).float()
+                dq[:, hs, rows] = (dq[:, hs, rows].float()
+                                   + (ds @ kf[:, hs, cols]) * scale).to(dtype)
+                dk[:, :, cols] = (dk[:, :, cols].float()
+                                  + (ds.transpose(-2, -1) @ qf[:, hs, rows]) * scale).to(dtype)
+    for name, a, b in zip(("dq", "dk", "dv"), got, (dq, dk, dv), strict=True):
+        assert torch.equal(a, b), name
+    base = torch.autograd.grad(reference.online_attention(qg, kg, vg, **kw), (qg, kg, vg), do)
+    assert not torch.equal(base[1], dk) and not torch.equal(base[2], dv)
+
+
+def test_gradients_in_the_input_dtype_reduce_a_gqa_group_themselves():
+    kw = make_problem(B=1, Hq=2, Hkv=1, Nq=3, Nk=3, D=2, seed=0, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"accumulate='input_dtype'.*gqa_reduce='group_fp32'"):
+        reference.online_attention(**kw, accumulate="input_dtype", gqa_reduce="group_fp32")

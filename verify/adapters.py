@@ -255,6 +255,10 @@ def _online_kernel():
     return online
 
 
+# The opt-in family members PyTorch's CPU flash SDPA kernel makes (reference/family.py).
+CPU_FLASH_FAMILY = ("bwd_scores_k16", "grads_input_dtype")
+
+
 def _sdpa_kernel(backend_name: str, device: str):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -275,8 +279,9 @@ def _sdpa_kernel(backend_name: str, device: str):
         sdpa.capabilities["family"] = ("fp32_3xtf32",)
     elif backend_name == "FLASH_ATTENTION" and not str(device).startswith("cuda"):
         # PyTorch's CPU flash kernel recomputes the backward's scores with its own GEMM
-        # blocking (as sdpa-varlen, which runs it per sequence: verify/ragged.py)
-        sdpa.capabilities["family"] = ("bwd_scores_k16",)
+        # blocking and keeps dQ/dK/dV in the inputs' dtype between tiles (as sdpa-varlen,
+        # which runs it per sequence: verify/ragged.py)
+        sdpa.capabilities["family"] = CPU_FLASH_FAMILY
     return sdpa
 
 

@@ -366,12 +366,17 @@ def peer(name: str, device: str):
         fn = sdpa_decode
         fn.capabilities = {"api": "decode", "gqa": True, "backward": False}
         return fn
+    from flashcheck.verify.adapters import CPU_FLASH_FAMILY
+
     fn = sdpa_varlen if name == "sdpa-varlen" else _flex_varlen(device)
+    on_cpu = str(device).startswith("cpu")
     fn.capabilities = {"api": "varlen", "gqa": True,
                        # PyTorch's CPU flash SDPA recomputes the backward's scores with its
-                       # own GEMM blocking (the opt-in family member)
-                       **({"family": ("bwd_scores_k16",)} if name == "sdpa-varlen" else {}),
+                       # own GEMM blocking and keeps the gradients in the inputs' dtype (the
+                       # opt-in family members)
+                       **({"family": CPU_FLASH_FAMILY if on_cpu else ("bwd_scores_k16",)}
+                          if name == "sdpa-varlen" else {}),
                        # FlexAttention has no backward on the CPU
-                       "backward": name == "sdpa-varlen" or not str(device).startswith("cpu"),
+                       "backward": name == "sdpa-varlen" or not on_cpu,
                        "extensions": ("window", "causal_alignment")}
     return fn

@@ -71,6 +71,9 @@ CONTROLS: tuple[Control, ...] = (
     Control("p_normalized", "softmax over the whole row, P = e^(s-m)/l rounded to the input "
                             "dtype, then P@V (FlexAttention's eager path; declares "
                             "p_normalized)"),
+    Control("grads_input_dtype", "dQ/dK/dV held in the input dtype between tiles, each "
+                                 "tile's fp32 product added and rounded (PyTorch's CPU flash "
+                                 "backward; declares grads_input_dtype)"),
     Control("triton_fwd", "Triton forward, tiles of 16 (Triton mutant base)"),
     Control("triton_tile32", "Triton forward, tiles of 32"),
     Control("reference", "float64 oracle rounded to the input dtype", builtin=True),
