@@ -271,10 +271,10 @@ _LOOP_KEYS = dict(block_m=128, block_n=128, order="fa2")
 #   7 without it, 0 with it; p_bf16_for_fp16 35 and 26; ds_bf16_for_dk 16 and 13); the
 #   `flex` built-in on the CPU (FlexAttention's eager path) declares it.
 # - grads_input_dtype: one rounding to the input dtype per query tile (and per head of a
-#   GQA group) where the other members round once; a precision bug of exactly that size
-#   (dK/dV kept in fp16/bf16) is what the ds_bf16_for_dk-style mutants plant, so a kernel
-#   is judged by it only when it says it keeps its gradients so (the sdpa-flash built-in on
-#   the CPU, PyTorch's CPU flash backward, does).
+#   GQA group) where the other members round once: 3.4x the others' dv (bf16 GQA 4/2) and
+#   2.8x their dk, above K_RULE, so by default it would pass a kernel 3x worse than the
+#   rest; a kernel that keeps its gradients in the input dtype says so (the sdpa-flash
+#   built-in on the CPU, PyTorch's CPU flash backward, does).
 OPT_IN = ("q_prescaled", "q_exp2_prescaled", "split_kv", "bwd_scores_k16", "qk_sqrt_scaled",
           "fp32_fma_chain", "fp32_3xtf32", "bias_fma_split", "p_normalized",
           "grads_input_dtype")
