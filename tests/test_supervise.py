@@ -99,7 +99,10 @@ def test_campaign_keeps_the_failure_and_its_replay_fails_the_same_way(name, cls,
     # inside the budget, to within one case timeout (+ start-up and writing what was found)
     assert wall < 60 * minutes + timeout + 10, wall
     files = sorted(p for c in cls.split("|") for p in (out / "failures").glob(f"{c}-*.json"))
-    assert len(files) == 1, sorted(p.name for p in (out / "failures").iterdir())
+    # One file per root cause; the kernel wrong at random can also fail a case tried while
+    # its first failure is shrunk, which is kept as a file of its own.
+    assert len(files) == 1 or (name == "random_wrong" and files), \
+        sorted(p.name for p in (out / "failures").iterdir())
     assert not list((out / "inflight").glob("*.json"))  # nothing left in flight
     case, meta = load_case_file(files[0])
     assert meta["verdict"]["failure"] in cls.split("|")
@@ -131,8 +134,15 @@ def test_flaky_failures_say_first_use_or_random(tmp_path):
     for name in ("first_use_wrong", "random_wrong"):
         rc, _ = _fuzz(name, tmp_path / name, "--examples", "40")
         assert rc == 1
-        (f,) = (tmp_path / name / "failures").glob("*.json")
-        verdict = json.loads(f.read_text())["verdict"]
+        verdicts = [json.loads(p.read_text())["verdict"]
+                    for p in sorted((tmp_path / name / "failures").glob("*.json"))]
+        # The kernel wrong at random also fails, now and then, the cases tried while its
+        # first failure is shrunk: each is kept (unshrunk, a file of its own), never dropped.
+        # The record under test is the flaky (or nondeterministic) one.
+        main = [v for v in verdicts if v["failure"] in ("flaky", "nondeterministic")]
+        assert main and (name == "random_wrong" or len(verdicts) == 1), \
+            [v["failure"] for v in verdicts]
+        verdict = main[0]
         if name == "random_wrong" and verdict["failure"] == "nondeterministic":
             # every re-check repeated the first class (0.1%, CAMPAIGNS above): recorded as such
             assert verdict["observations"]["rechecks_agreed"] == CONFIRM_RUNS + 1
