@@ -87,9 +87,7 @@ def test_tf32_control_is_judged_by_the_tf32_member(name):
     # the worst TF32 member is the truncating one (Hopper), twice the nearest rounding's error
     assert {"tf32", "tf32_truncated"} & {t.member for t in v.tensors.values()}
 
-    def undeclared(*a, **kw):
-        return tf32(*a, **kw)
-    undeclared.capabilities = {k: x for k, x in tf32.capabilities.items() if k != "tf32"}
+    undeclared = _undeclaring(tf32, tf32.capabilities, "tf32")
     bad = check_case(undeclared, case, "cpu")
     assert (bad.status, bad.failure) == ("fail", "numerical"), bad.summary()
 
@@ -149,6 +147,16 @@ def test_backward_scores_in_steps_of_8_are_a_member(monkeypatch):
     monkeypatch.delitem(family.FAMILY, "bwd_scores_k8")
     v = check_case(mod.attention, case, "cpu")
     assert v.status == "fail" and not v.tensors["dv"].passed, v.summary()
+
+
+def _undeclaring(fn, capabilities: dict, key: str = "family"):
+    """``fn`` with ``capabilities`` less ``key``: the same kernel, judged as if it did not
+    declare that choice."""
+    def undeclared(*a, **kw):
+        return fn(*a, **kw)
+
+    undeclared.capabilities = {k: x for k, x in capabilities.items() if k != key}
+    return undeclared
 
 
 def _stored_kernel(outputs: dict, family: tuple):
@@ -231,10 +239,7 @@ def test_math_sdpa_sqrt_scale_split_is_judged_by_its_member():
 
     math_sdpa = resolve_kernel("sdpa-math", "cpu").fn
 
-    def undeclared(*a, **kw):
-        return math_sdpa(*a, **kw)
-
-    undeclared.capabilities = {k: v for k, v in math_sdpa.capabilities.items() if k != "family"}
+    undeclared = _undeclaring(math_sdpa, math_sdpa.capabilities)
     bad = check_case(undeclared, case, "cpu", family="full")
     assert bad.status == "fail" and not bad.tensors["dq"].passed, bad.summary()
 
@@ -267,10 +272,7 @@ def test_fma_chain_backward_is_judged_by_its_member():
     v = check_case(ctl, case, "cpu", family="full")
     assert v.status == "pass" and v.tensors["dv"].member == "fp32_fma_chain", v.summary()
 
-    def undeclared(*a, **kw):
-        return ctl(*a, **kw)
-
-    undeclared.capabilities = {k: x for k, x in ctl.capabilities.items() if k != "family"}
+    undeclared = _undeclaring(ctl, ctl.capabilities)
     bad = check_case(undeclared, case, "cpu", family="full")
     assert bad.status == "fail" and not bad.tensors["dv"].passed, bad.summary()
 
@@ -427,10 +429,7 @@ def test_flex_eager_unfused_softmax_is_judged_by_its_member():
     v = check_case("flex", case, "cpu", family="full")
     assert v.status == "pass" and v.tensors["out"].member == "p_normalized", v.summary()
 
-    def undeclared(*a, **kw):
-        return flex.fn(*a, **kw)
-
-    undeclared.capabilities = {k: v for k, v in flex.declared.items() if k != "family"}
+    undeclared = _undeclaring(flex.fn, flex.declared)
     bad = check_case(undeclared, case, "cpu", family="full")
     assert bad.status == "fail" and not bad.tensors["out"].passed, bad.summary()
     worse = {"out": (exact + 3.5 * (out.double() - exact)).to(torch.bfloat16)}
@@ -459,10 +458,7 @@ def test_cpu_flash_sdpa_backward_scores_are_judged_by_their_member():
     v = check_case("sdpa-flash", case, "cpu", family="full")
     assert v.status == "pass", v.summary()
 
-    def undeclared(*a, **kw):
-        return flash.fn(*a, **kw)
-
-    undeclared.capabilities = {k: v for k, v in flash.declared.items() if k != "family"}
+    undeclared = _undeclaring(flash.fn, flash.declared)
     bad = check_case(undeclared, case, "cpu", family="full")
     assert bad.status == "fail" and not bad.tensors["dv"].passed, bad.summary()
 
@@ -498,9 +494,6 @@ def test_cpu_flash_sdpa_gradients_in_the_input_dtype_are_judged_by_their_member(
     (want,) = torch.autograd.grad(member, v_, inputs.grad_out)
     assert torch.equal(got, want)
 
-    def undeclared(*a, **kw):
-        return flash.fn(*a, **kw)
-
-    undeclared.capabilities = {k: v for k, v in flash.declared.items() if k != "family"}
+    undeclared = _undeclaring(flash.fn, flash.declared)
     bad = check_case(undeclared, case, "cpu", family="full")
     assert bad.status == "fail" and not bad.tensors["dv"].passed, bad.summary()
