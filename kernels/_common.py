@@ -238,8 +238,10 @@ ANY = None  # the causal column of a table row: matches causal and non-causal ca
 # BLOCK_D <= max_block_d, causal). 2-byte rows at BLOCK_D = 128 are the fastest of the H200
 # sweep (docs/benchmarks/sweep.md, bf16, N = 4096): forward 256x64 with 8 warps (the 256-row
 # query tile held as two 128-row halves, 3 stages, 4 causal: 12 % and 10 % faster than the
-# earlier 128x64), dK/dV with 128 resident key rows and 64-row query tiles, dQ 128x64 with 3
-# stages; the other head dims follow Triton's fused-attention tutorial and FlashAttention-2
+# earlier 128x64), dK/dV with 64 resident key rows and 64-row query tiles at 4 warps and 2
+# stages (two programs per multiprocessor: the whole backward 3-7 % faster non-causal, 4 %
+# causal than 128 key rows at 8 warps, sweep set "dkdv4"), dQ 128x64 with 3 stages; the
+# other head dims follow Triton's fused-attention tutorial and FlashAttention-2
 # (half the stages at D = 256).
 # fp32 uses IEEE dot products, which run on the FMA units and are unrolled per thread: the
 # sm_90 compile time grows with the multiply-adds per thread and tile step (about
@@ -255,7 +257,7 @@ HEURISTIC_TABLE = (
     ("fwd",   4,   128,        ANY,    (32, 32, 8, 1)),
     ("fwd",   4,   256,        ANY,    (32, 16, 8, 1)),
     ("dkdv",  2,   64,         ANY,    (128, 64, 8, 3)),
-    ("dkdv",  2,   128,        ANY,    (128, 64, 8, 2)),
+    ("dkdv",  2,   128,        ANY,    (64, 64, 4, 2)),
     ("dkdv",  2,   256,        ANY,    (64, 32, 8, 2)),
     ("dkdv",  4,   64,         ANY,    (32, 32, 4, 2)),
     ("dkdv",  4,   128,        ANY,    (32, 32, 8, 1)),
@@ -273,7 +275,7 @@ HEURISTIC_TABLE = (
 AUTOTUNE_GRID = {
     ("fwd", 2, 128): ((256, 64, 8, 3), (256, 64, 8, 4), (128, 128, 8, 3)),
     ("fwd", 2, 256): ((64, 32, 4, 2), (64, 64, 4, 2), (128, 64, 8, 2)),
-    ("dkdv", 2, 128): ((128, 64, 8, 3), (64, 32, 4, 3), (128, 64, 8, 1)),
+    ("dkdv", 2, 128): ((128, 64, 8, 2), (64, 32, 4, 2), (128, 64, 8, 3)),
     ("dkdv", 2, 256): ((64, 64, 8, 2), (64, 32, 4, 2), (32, 32, 4, 2)),
     ("dq", 2, 128): ((128, 64, 8, 2), (128, 128, 8, 2), (128, 32, 8, 3)),
     ("dq", 2, 256): ((64, 64, 8, 2), (64, 32, 4, 2), (32, 32, 4, 2)),
@@ -322,31 +324,35 @@ TMA_MODES = ("auto", "on", "off")
 # exponentials (the same operations, in the same order per element): the dK/dV kernel's dV
 # product then runs while dS is formed, 3-4 % off the whole backward without a band (sweep
 # set "early"); with a causal-like band the kernel spills (ptxas: 276/340 bytes against 48/52)
-# and is 14 % slower, so the launcher takes it only without one. Other head dims were not
-# swept and keep the pointer path.
+# and is 14 % slower, so the launcher takes it only without one; persist, the forward runs
+# that many programs per multiprocessor (0: one per tile), each looping over query tiles in
+# the grid's dispatch order (no block launch or drain between tiles); halves, a forward tile
+# of under 256 rows is held as two halves too (both the forward's, bit-identical to the
+# plain path). Other head dims were not swept and keep the pointer path.
 SCHEDULE_TABLE = (
-    # kind    elem max_block_d tma    ws     reverse rows    early
-    ("fwd",   2,   256,        False, False, True,   False,  False),
-    ("dkdv",  2,   64,         False, False, False,  False,  False),
-    ("dkdv",  2,   128,        True,  False, False,  True,   True),
-    ("dkdv",  2,   256,        False, False, False,  False,  False),
-    ("dq",    2,   64,         False, False, True,   False,  False),
-    ("dq",    2,   128,        True,  True,  True,   False,  False),
-    ("dq",    2,   256,        False, False, True,   False,  False),
-    ("fwd",   4,   256,        False, False, True,   False,  False),
-    ("dkdv",  4,   256,        False, False, False,  False,  False),
-    ("dq",    4,   256,        False, False, True,   False,  False),
+    # kind    elem max_block_d tma    ws     reverse rows    early  persist halves
+    ("fwd",   2,   256,        False, False, True,   False,  False, 0,      False),
+    ("dkdv",  2,   64,         False, False, False,  False,  False, 0,      False),
+    ("dkdv",  2,   128,        True,  False, False,  True,   True,  0,      False),
+    ("dkdv",  2,   256,        False, False, False,  False,  False, 0,      False),
+    ("dq",    2,   64,         False, False, True,   False,  False, 0,      False),
+    ("dq",    2,   128,        True,  True,  True,   False,  False, 0,      False),
+    ("dq",    2,   256,        False, False, True,   False,  False, 0,      False),
+    ("fwd",   4,   256,        False, False, True,   False,  False, 0,      False),
+    ("dkdv",  4,   256,        False, False, False,  False,  False, 0,      False),
+    ("dq",    4,   256,        False, False, True,   False,  False, 0,      False),
 )
 _tma_mode = [os.environ.get("FLASHCHECK_TMA", "auto")]
 
 
 def schedule(kind: str, elem: int, block_d: int) -> dict:
     """The :data:`SCHEDULE_TABLE` flags of a launch:
-    ``{"tma", "ws", "reverse", "rows", "early"}``."""
+    ``{"tma", "ws", "reverse", "rows", "early", "persist", "halves"}``."""
     _check_kind(kind, block_d, elem)
-    for k, e, max_bd, tma_, ws, reverse, rows, early in SCHEDULE_TABLE:
+    for k, e, max_bd, tma_, ws, reverse, rows, early, persist, halves in SCHEDULE_TABLE:
         if k == kind and e == elem and block_d <= max_bd:
-            return dict(tma=tma_, ws=ws, reverse=reverse, rows=rows, early=early)
+            return dict(tma=tma_, ws=ws, reverse=reverse, rows=rows, early=early,
+                        persist=persist, halves=halves)
     raise LookupError(f"no schedule for kind={kind}, block_d={block_d}, elem={elem}")
 
 
@@ -442,6 +448,17 @@ def smem_limit(device_index: int | None = None) -> int:
         props = triton.runtime.driver.active.utils.get_device_properties(device_index)
         _smem_cache[device_index] = int(props["max_shared_mem"])
     return _smem_cache[device_index]
+
+
+_sm_cache: dict[int, int] = {}
+
+
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of a CUDA device (the persistent forward's program count)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _sm_cache:
+        _sm_cache[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _sm_cache[index]
 
 
 def smem_bytes(kind: str, outer: int, inner: int, block_d: int, elem: int, stages: int) -> int:

@@ -273,6 +273,18 @@ def _fwd_inner(acc, l_i, m_i, cnt, q, k_base, v_base, m_base, offs_m, start, end
 
 
 @triton.jit
+def _half_step(qk, m_i, l_i, acc, v, m_base, offs_h, offs_n, stride_mm, stride_mn, N_CTX_Q,
+               N_CTX_K, qk_scale, lo_off, hi_off, MASKED: tl.constexpr, BAND: tl.constexpr,
+               MASK_KIND: tl.constexpr, PRECISION: tl.constexpr):
+    """One half's online-softmax update by a key tile (scores ``qk``) and its P V product."""
+    p, alpha, l_i, m_i = _softmax_step(qk, m_i, l_i, m_base, offs_h, offs_n, stride_mm,
+                                       stride_mn, N_CTX_Q, N_CTX_K, qk_scale, lo_off, hi_off,
+                                       MASKED, BAND, MASK_KIND)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _fwd_inner_split(acc_a, l_a, m_a, acc_b, l_b, m_b, cnt, q_a, q_b, k_base, v_base, m_base,
                      offs_a, offs_b, start, end,
                      stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
@@ -289,20 +301,16 @@ def _fwd_inner_split(acc_a, l_a, m_a, acc_b, l_b, m_b, cnt, q_a, q_b, k_base, v_
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kT, v = _kv_tiles(k_base, v_base, offs_d, offs_n, start_n, stride_kn, stride_kd,
-                          stride_vn, stride_vd, N_CTX_K, HEAD_DIM, MASKED, BLOCK_N, BLOCK_D,
-                          PAD_D, desc_k, desc_v, off_z, off_hk, TMA)
+                          stride_vn, stride_vd, N_CTX_K, HEAD_DIM, MASKED, BLOCK_N,
+                          BLOCK_D, PAD_D, desc_k, desc_v, off_z, off_hk, TMA)
         qk_a = tl.dot(q_a, kT, input_precision=PRECISION)
         qk_b = tl.dot(q_b, kT, input_precision=PRECISION)
-        p_a, alpha_a, l_a, m_a = _softmax_step(qk_a, m_a, l_a, m_base, offs_a, offs_n,
-                                               stride_mm, stride_mn, N_CTX_Q, N_CTX_K,
-                                               qk_scale, lo_off, hi_off, MASKED, BAND,
-                                               MASK_KIND)
-        acc_a = tl.dot(p_a.to(v.dtype), v, acc_a * alpha_a[:, None], input_precision=PRECISION)
-        p_b, alpha_b, l_b, m_b = _softmax_step(qk_b, m_b, l_b, m_base, offs_b, offs_n,
-                                               stride_mm, stride_mn, N_CTX_Q, N_CTX_K,
-                                               qk_scale, lo_off, hi_off, MASKED, BAND,
-                                               MASK_KIND)
-        acc_b = tl.dot(p_b.to(v.dtype), v, acc_b * alpha_b[:, None], input_precision=PRECISION)
+        acc_a, l_a, m_a = _half_step(qk_a, m_a, l_a, acc_a, v, m_base, offs_a, offs_n,
+                                     stride_mm, stride_mn, N_CTX_Q, N_CTX_K, qk_scale,
+                                     lo_off, hi_off, MASKED, BAND, MASK_KIND, PRECISION)
+        acc_b, l_b, m_b = _half_step(qk_b, m_b, l_b, acc_b, v, m_base, offs_b, offs_n,
+                                     stride_mm, stride_mn, N_CTX_Q, N_CTX_K, qk_scale,
+                                     lo_off, hi_off, MASKED, BAND, MASK_KIND, PRECISION)
         cnt += 1
     return acc_a, l_a, m_a, acc_b, l_b, m_b, cnt
 
@@ -338,7 +346,7 @@ _EVEN = {
 # compiled once per pattern for no speed gain: sizes, band offsets, GQA group, key buckets.
 # Strides stay specialised (their divisibility gives vectorised, aligned loads).
 _NO_SPEC = ["H", "HKV", "GROUP", "N_CTX_Q", "N_CTX_K", "HEAD_DIM", "lo_off", "hi_off",
-            "NQ_BUCKET", "NK_BUCKET", "IS_CAUSAL"]
+            "NQ_BUCKET", "NK_BUCKET", "IS_CAUSAL", "N_BH"]
 # Autotune key: bucketed lengths, padded head dim, dtype, causal, and the constexpr flags
 # that select a different code path (tensor dtypes are added to the key by Triton).
 _KEY = ["NQ_BUCKET", "NK_BUCKET", "BLOCK_D", "DTYPE_KEY", "IS_CAUSAL", "BAND", "MASK_KIND",
@@ -379,30 +387,21 @@ def _tuned(fixed, kind: str, outer: str, inner: str, descs: tuple[str, ...],
                            cache_results=_common.AUTOTUNE_CACHE, **extra)(fixed)
 
 
-@_no_spec
-def _fwd_kernel_impl(Q, K, V, M, O, LSE, STATS, DESC_K, DESC_V,
-                stride_qz, stride_qh, stride_qm, stride_qd,
-                stride_kz, stride_kh, stride_kn, stride_kd,
-                stride_vz, stride_vh, stride_vn, stride_vd,
-                stride_mz, stride_mh, stride_mm, stride_mn,
-                stride_oz, stride_oh, stride_om, stride_od,
-                H, GROUP, N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
-                NQ_BUCKET, NK_BUCKET, IS_CAUSAL, DTYPE_KEY: tl.constexpr,
-                BAND: tl.constexpr, MASK_KIND: tl.constexpr,
-                PRECISION: tl.constexpr, COUNT_TILES: tl.constexpr, BLOCK_D: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
-                EVEN_N: tl.constexpr, PAD_D: tl.constexpr, ALIGNED: tl.constexpr,
-                TMA: tl.constexpr, WS: tl.constexpr, REVERSE: tl.constexpr):
-    stride_qz, stride_qh, stride_qm = \
-        _a16(stride_qz, ALIGNED), _a16(stride_qh, ALIGNED), _a16(stride_qm, ALIGNED)
-    stride_kz, stride_kh, stride_kn = \
-        _a16(stride_kz, ALIGNED), _a16(stride_kh, ALIGNED), _a16(stride_kn, ALIGNED)
-    stride_vz, stride_vh, stride_vn = \
-        _a16(stride_vz, ALIGNED), _a16(stride_vh, ALIGNED), _a16(stride_vn, ALIGNED)
-    stride_oz, stride_oh, stride_om = \
-        _a16(stride_oz, ALIGNED), _a16(stride_oh, ALIGNED), _a16(stride_om, ALIGNED)
-    pid_m = _tile_id(REVERSE)
-    off_bh = tl.program_id(1)
+@triton.jit
+def _fwd_program(pid_m, off_bh, N_M, Q, K, V, M, O, LSE, STATS, DESC_K, DESC_V,
+                 stride_qz, stride_qh, stride_qm, stride_qd,
+                 stride_kz, stride_kh, stride_kn, stride_kd,
+                 stride_vz, stride_vh, stride_vn, stride_vd,
+                 stride_mz, stride_mh, stride_mm, stride_mn,
+                 stride_oz, stride_oh, stride_om, stride_od,
+                 H, GROUP, N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
+                 BAND: tl.constexpr, MASK_KIND: tl.constexpr,
+                 PRECISION: tl.constexpr, COUNT_TILES: tl.constexpr, BLOCK_D: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
+                 EVEN_N: tl.constexpr, PAD_D: tl.constexpr, TMA: tl.constexpr,
+                 WS: tl.constexpr, HALVES: tl.constexpr):
+    """The forward of query tile ``pid_m`` of batch x head ``off_bh`` (``N_M`` query tiles
+    per head)."""
     off_z = (off_bh // H).to(tl.int64)
     off_h = off_bh % H
     off_hk = (off_h // GROUP).to(tl.int64)
@@ -421,8 +420,9 @@ def _fwd_kernel_impl(Q, K, V, M, O, LSE, STATS, DESC_K, DESC_V,
                                            BAND)
     o_base = O + off_z * stride_oz + off_h * stride_oh
     lse_base = LSE + off_bh.to(tl.int64) * N_CTX_Q
-    if BLOCK_M >= 256:
-        # A 256-row query tile is held as two 128-row halves (_fwd_inner_split).
+    if BLOCK_M >= 256 or HALVES:
+        # A 256-row query tile (any tile with HALVES) is held as two halves
+        # (_fwd_inner_split).
         HALF: tl.constexpr = BLOCK_M // 2
         offs_a = start_m + tl.arange(0, HALF)
         offs_b = offs_a + HALF
@@ -484,9 +484,64 @@ def _fwd_kernel_impl(Q, K, V, M, O, LSE, STATS, DESC_K, DESC_V,
         _fwd_store(acc, l_i, m_i, offs_m, offs_d, o_base, lse_base, stride_om, stride_od,
                    N_CTX_Q, HEAD_DIM, EVEN_M, PAD_D)
     if COUNT_TILES:
-        slot = (off_bh * tl.num_programs(0) + pid_m) * 2
+        slot = (off_bh * N_M + pid_m) * 2
         tl.store(STATS + slot, n_edge)
         tl.store(STATS + slot + 1, n_full)
+
+
+
+@_no_spec
+def _fwd_kernel_impl(Q, K, V, M, O, LSE, STATS, DESC_K, DESC_V,
+                stride_qz, stride_qh, stride_qm, stride_qd,
+                stride_kz, stride_kh, stride_kn, stride_kd,
+                stride_vz, stride_vh, stride_vn, stride_vd,
+                stride_mz, stride_mh, stride_mm, stride_mn,
+                stride_oz, stride_oh, stride_om, stride_od,
+                H, GROUP, N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off, N_BH,
+                NQ_BUCKET, NK_BUCKET, IS_CAUSAL, DTYPE_KEY: tl.constexpr,
+                BAND: tl.constexpr, MASK_KIND: tl.constexpr,
+                PRECISION: tl.constexpr, COUNT_TILES: tl.constexpr, BLOCK_D: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
+                EVEN_N: tl.constexpr, PAD_D: tl.constexpr, ALIGNED: tl.constexpr,
+                TMA: tl.constexpr, WS: tl.constexpr, REVERSE: tl.constexpr,
+                PERSIST: tl.constexpr, HALVES: tl.constexpr):
+    stride_qz, stride_qh, stride_qm = \
+        _a16(stride_qz, ALIGNED), _a16(stride_qh, ALIGNED), _a16(stride_qm, ALIGNED)
+    stride_kz, stride_kh, stride_kn = \
+        _a16(stride_kz, ALIGNED), _a16(stride_kh, ALIGNED), _a16(stride_kn, ALIGNED)
+    stride_vz, stride_vh, stride_vn = \
+        _a16(stride_vz, ALIGNED), _a16(stride_vh, ALIGNED), _a16(stride_vn, ALIGNED)
+    stride_oz, stride_oh, stride_om = \
+        _a16(stride_oz, ALIGNED), _a16(stride_oh, ALIGNED), _a16(stride_om, ALIGNED)
+    if PERSIST:
+        # PERSIST programs per multiprocessor, each taking tiles pid, pid + programs, ... of the
+        # order a grid launch dispatches them in (query tiles of a head together, the last
+        # one first under REVERSE).
+        n_m = tl.cdiv(N_CTX_Q, BLOCK_M)
+        for t in tl.range(tl.program_id(0), n_m * N_BH, tl.num_programs(0)):
+            i = t % n_m
+            if REVERSE:
+                i = n_m - 1 - i
+            _fwd_program(i, t // n_m, n_m, Q, K, V, M, O, LSE, STATS, DESC_K, DESC_V,
+                         stride_qz, stride_qh, stride_qm, stride_qd,
+                         stride_kz, stride_kh, stride_kn, stride_kd,
+                         stride_vz, stride_vh, stride_vn, stride_vd,
+                         stride_mz, stride_mh, stride_mm, stride_mn,
+                         stride_oz, stride_oh, stride_om, stride_od,
+                         H, GROUP, N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
+                         BAND, MASK_KIND, PRECISION, COUNT_TILES, BLOCK_D, BLOCK_M, BLOCK_N,
+                         EVEN_M, EVEN_N, PAD_D, TMA, WS, HALVES)
+    else:
+        _fwd_program(_tile_id(REVERSE), tl.program_id(1), tl.num_programs(0),
+                     Q, K, V, M, O, LSE, STATS, DESC_K, DESC_V,
+                     stride_qz, stride_qh, stride_qm, stride_qd,
+                     stride_kz, stride_kh, stride_kn, stride_kd,
+                     stride_vz, stride_vh, stride_vn, stride_vd,
+                     stride_mz, stride_mh, stride_mm, stride_mn,
+                     stride_oz, stride_oh, stride_om, stride_od,
+                     H, GROUP, N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
+                     BAND, MASK_KIND, PRECISION, COUNT_TILES, BLOCK_D, BLOCK_M, BLOCK_N,
+                     EVEN_M, EVEN_N, PAD_D, TMA, WS, HALVES)
 
 
 # ----------------------------------------------------------------------------- backward
@@ -937,15 +992,20 @@ def _hopper_flags(kind: str, p: Problem, q: torch.Tensor, streamed: tuple,
     """The schedule flags of a launch (``_common.SCHEDULE_TABLE``): TMA, tensor descriptors
     for the streamed operands where the device, table and layout allow; WS, warp
     specialisation of the tile loop (with TMA); REVERSE, last tile first where a causal-like
-    band makes the last tiles of this kind the longest; for the backward kernels, EARLY, the dP
-    product issued before the exponentials; for the dK/dV kernel, ROWS, its row statistics
-    ``rows`` (lse, delta) through descriptors too (with TMA)."""
+    band makes the last tiles of this kind the longest; for the forward, PERSIST, that many
+    programs per multiprocessor looping over the tiles (CUDA only; 0: one program per tile),
+    and HALVES, a query tile of under 256 rows held as two halves too; for the backward
+    kernels, EARLY, the dP product issued before the exponentials; for the dK/dV kernel,
+    ROWS, its row statistics ``rows`` (lse, delta) through descriptors too (with TMA)."""
     bd, elem = block_d(p.D), q.element_size()
     sched = _common.schedule(kind, elem, bd)
     tma = _common.use_tma(kind, q.device, elem, bd) and _tma_layout_ok(*streamed)
     flags = dict(TMA=tma, WS=bool(tma and sched["ws"]),
                  REVERSE=bool(sched["reverse"] and p.has_hi and not p.has_lo))
-    if kind != "fwd":
+    if kind == "fwd":
+        flags["PERSIST"] = sched["persist"] if q.is_cuda and not INTERPRET else 0
+        flags["HALVES"] = bool(sched["halves"])
+    else:
         # Not under a band: its masked tile loop compiled beside the full one spills.
         flags["EARLY"] = bool(sched["early"] and not _band_args(p)[0])
     if kind == "dkdv":
@@ -963,9 +1023,9 @@ def _launch(kind: str, grid, head: tuple, streamed: tuple, tail: tuple, kwargs: 
     ``rows`` (the dK/dV kernel's lse and delta, again as 2-D descriptors when ROWS is on,
     else as themselves), then ``tail``. ``head[reduced]``, if given, is an fp32 accumulator
     the kernel adds its tiles into by bulk reduce-adds: passed as a descriptor with the
-    config's block rows. ``grid(meta)`` maps the tile sizes to the launch grid. Heuristic
-    mode (and the interpreter) passes one config explicitly; autotune mode lets Triton's
-    autotuner pick.
+    config's block rows. ``grid(meta)`` maps the tile sizes and the flags to the launch
+    grid. Heuristic mode (and the interpreter) passes one config explicitly; autotune mode
+    lets Triton's autotuner pick.
     """
     fixed, tuned, outer, inner = _PATHS[kind]
     flags = _hopper_flags(kind, p, q, streamed, rows)
@@ -985,7 +1045,7 @@ def _launch(kind: str, grid, head: tuple, streamed: tuple, tail: tuple, kwargs: 
         o, i, warps, stages = _common.launch_point(kind, bd, q.element_size(),
                                                    p.is_causal, q.device)
         meta = {outer: o, inner: i}
-        fixed[grid(meta)](*args(i), **kwargs, **flags, **meta, num_warps=warps,
+        fixed[grid({**meta, **flags})](*args(i), **kwargs, **flags, **meta, num_warps=warps,
                           num_stages=stages)
     else:
         # Placeholder block rows: the config's pre_hook sets them (_tma_pre_hook).
@@ -1017,7 +1077,10 @@ def _forward(q, k, v, p: Problem, allow_tf32: bool, stats: list | None = None):
     buf = None
 
     def grid(meta):
-        return (triton.cdiv(p.Nq, meta["BLOCK_M"]), p.B * p.Hq)
+        tiles = triton.cdiv(p.Nq, meta["BLOCK_M"])
+        if meta.get("PERSIST"):
+            return (min(tiles * p.B * p.Hq, meta["PERSIST"] * _common.sm_count(q.device)), 1)
+        return (tiles, p.B * p.Hq)
 
     if count:
         # Enough slots for the smallest tile of any config (16 rows).
@@ -1025,7 +1088,8 @@ def _forward(q, k, v, p: Problem, allow_tf32: bool, stats: list | None = None):
     with _device_ctx(q):
         _launch("fwd", grid, (q, k, v, mask, out, lse, buf if count else lse), (k, v), (
             *q.stride(), *k.stride(), *v.stride(), *_strides(p.mask), *out.stride(),
-            p.Hq, p.group, p.Nq, p.Nk, p.D, p.scale * LOG2E, *_band_args(p)[1:]),
+            p.Hq, p.group, p.Nq, p.Nk, p.D, p.scale * LOG2E, *_band_args(p)[1:],
+            p.B * p.Hq),
             dict(COUNT_TILES=count, ALIGNED=_aligned(q, k, v, out),
                  **_common_consts(p, q.dtype, allow_tf32)), p, q)
     if count:

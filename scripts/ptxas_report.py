@@ -42,7 +42,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 H200_SMEM = 232448  # the H200's opt-in shared memory per block (bytes)
 SHAPE = dict(B=16, H=16, N=4096)  # the benchmark shape (kernels.bench, sweep_hopper)
 SHOWN = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "TMA", "WS", "REVERSE", "BAND", "ATOMIC_DQ", "ROWS",
-         "EARLY")
+         "EARLY", "PERSIST", "HALVES")
 KERNELS = {"fwd": "_fwd_kernel_impl", "dkdv": "_bwd_dkdv_kernel_impl",
            "dq": "_bwd_dq_kernel_impl"}
 
@@ -165,6 +165,7 @@ def _patch_for_h200() -> None:
     _common.use_tma = lambda kind, device, elem, bd: bool(
         _common.schedule(kind, elem, bd)["tma"])
     _common.use_reduce = lambda device: True
+    _common.sm_count = lambda device: 132  # the H200's multiprocessors
 
 
 def _problem(D: int, dtype: torch.dtype, causal: bool):
@@ -205,7 +206,9 @@ def run(*, D: int, dtype: torch.dtype, sweep: bool, ptx_dir: Path | None,
                         f"{' rows' if var.get('rows') else ''}"
                         f"{' early' if var.get('early') else ''}"
                         f"{' atomic' if var.get('atomic') else ''}"
-                        f"{' reduce' if var.get('reduce') else ''}") + f" causal={causal}"
+                        f"{' reduce' if var.get('reduce') else ''}"
+                        f"{' persist=' + str(var['persist']) if var.get('persist') else ''}"
+                        f"{' halves' if var.get('halves') else ''}") + f" causal={causal}"
             # The table's launch as it is; a sweep variant forced as the sweep forces it.
             try:
                 with contextlib.nullcontext() if var is None else sw._forced(var):
@@ -234,7 +237,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bfloat16", choices=("float16", "bfloat16", "float32"))
     ap.add_argument("--sweep", action="store_true",
                     help="also every variant of scripts/gpu/sweep_hopper.py")
-    ap.add_argument("--set", default="tables", choices=("tables", "rows", "early", "reduce"),
+    ap.add_argument("--set", default="tables", choices=_sweep_module().SETS,
                     help="with --sweep: which of sweep_hopper.py's variant sets")
     ap.add_argument("--ptx-dir", type=Path, default=None,
                     help="keep each kernel's PTX here (named by its hash)")

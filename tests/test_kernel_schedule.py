@@ -158,14 +158,63 @@ def test_the_256_row_tile_as_two_halves_is_bit_identical(case, monkeypatch):
     assert torch.equal(o1, o2) and torch.equal(l1, l2)
 
 
+def _forced_forward(monkeypatch, q, k, v, p, rows: int, **forced):
+    """Our forward at launch point (rows, 16, 4, 1) with its flags ``forced`` (and three
+    multiprocessors for a persistent launch), plus the per-tile counts it records."""
+    orig_flags, orig_point = fa._hopper_flags, _common.launch_point
+
+    def flags(kind, *a, **k_):
+        f = orig_flags(kind, *a, **k_)
+        if kind == "fwd":
+            assert set(forced) <= set(f)
+            f.update(forced)
+        return f
+
+    monkeypatch.setattr(fa, "_hopper_flags", flags)
+    monkeypatch.setattr(_common, "launch_point", lambda kind, *a, **k_: (
+        (rows, 16, 4, 1) if kind == "fwd" else orig_point(kind, *a, **k_)))
+    monkeypatch.setattr(_common, "sm_count", lambda device: 3)
+    stats = []
+    out, lse = fa._forward(q, k, v, p, False, stats)
+    return out, lse, stats[0][1]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_the_persistent_forward_and_smaller_halves_are_bit_identical(case, monkeypatch):
+    # PERSIST: 3 or 6 programs loop over every query tile (in the grid's order, last tile
+    # first under a causal band): the same bits and the same edge/full tile counts per tile.
+    # HALVES: a 32-row tile held as two 16-row halves, as the 256-row tile is: the same bits
+    # as 16-row tiles (each product has 16 rows either way; the interpreter's matmul may sum
+    # differently for another row count).
+    Nq, Nk, D, Hq, Hkv, kw = CASES[case]
+    q, k, v, _do = _inputs(Nq, Nk, D, Hq, Hkv, seed=30 + case)
+    p = _common.validate(q, k, v, None, 0.0, kw.get("is_causal", False), None,
+                         kw.get("enable_gqa", False), kw.get("window"),
+                         kw.get("causal_alignment", "top_left"))
+
+    def fwd(rows, persist=0, halves=False):
+        return _forced_forward(monkeypatch, q, k, v, p, rows, PERSIST=persist, HALVES=halves)
+
+    for rows, persist in ((16, 1), (16, 2), (256, 1)):
+        for name, a, b in zip(("out", "lse", "tile counts"), fwd(rows), fwd(rows, persist),
+                              strict=True):
+            assert torch.equal(a, b), (rows, persist, name)
+    plain = fwd(16)
+    for persist in (0, 1):
+        got = fwd(32, persist, halves=True)
+        assert torch.equal(plain[0], got[0]) and torch.equal(plain[1], got[1]), persist
+
+
 def test_schedule_table_covers_every_launch_and_rejects_bad_input():
     for kind in _common.KINDS:
         for elem in (2, 4):
             for bd in (16, 32, 64, 128, 256):
                 flags = _common.schedule(kind, elem, bd)
-                assert set(flags) == {"tma", "ws", "reverse", "rows", "early"}
+                assert set(flags) == {"tma", "ws", "reverse", "rows", "early", "persist", "halves"}
                 assert not flags["ws"] or flags["tma"], "warp specialisation needs TMA"
                 assert not flags["early"] or kind != "fwd", "EARLY orders the backward's dP"
+                assert not (flags["persist"] or flags["halves"]) or kind == "fwd", \
+                    "PERSIST and HALVES are the forward's"
                 assert not flags["rows"] or (flags["tma"] and kind == "dkdv"), \
                     "row statistics through descriptors: the dK/dV kernel's, with TMA"
     with pytest.raises(ValueError, match="TMA mode must be one of"):

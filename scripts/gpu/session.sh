@@ -65,7 +65,8 @@
 #   bash scripts/gpu/session.sh kernel    our kernel after a change, side by side: a --keep-going
 #                                         fuzz campaign (KERNEL_MIN minutes, default 10, 8
 #                                         workers, seed FUZZ_SEED), the gate on the committed
-#                                         budgets (no --update), memcheck, racecheck and the
+#                                         budgets (no --update; KERNEL_UPDATE=1: then again
+#                                         with --update), memcheck, racecheck and the
 #                                         determinism check; longer than one call: run it as
 #                                         `detach kernel`, then `collect`
 # Several phases may share one call (session.sh throughput peers); they run in this file's order.
@@ -348,7 +349,12 @@ if has kernel; then
   job kernel/fuzz $(( ${KERNEL_MIN:-10} * 60 + 150 )) python3 -m flashcheck fuzz --kernel triton \
     --device cuda --minutes "${KERNEL_MIN:-10}" --keep-going --seed "${FUZZ_SEED:-20261210}" \
     --workers 8 --out "$R/kernel/fuzz"
-  job kernel/gate 400 python3 -m flashcheck gate --device cuda --jobs 4 --out "$R/kernel/gate"
+  # The gate on the committed budgets, then (KERNEL_UPDATE=1) again with --update: the
+  # budgets file of this kernel, copied to $R/kernel.
+  job kernel/gate 600 bash -c "python3 -m flashcheck gate --device cuda --jobs 4 --out $R/kernel/gate; \
+    echo gate-exit=\$?; [ '${KERNEL_UPDATE:-0}' = 1 ] || exit 0; \
+    python3 -m flashcheck gate --device cuda --jobs 4 --update --out $R/kernel/gate-update; \
+    echo update-exit=\$?; cp verify/budgets/triton-gpu-*.json $R/kernel/"
   job kernel/memcheck 400 compute-sanitizer --tool memcheck --print-limit 20 \
     python3 scripts/gpu/sanitize_cases.py
   job kernel/racecheck 400 compute-sanitizer --tool racecheck --print-limit 20 \

@@ -1,7 +1,7 @@
 """Launch-configuration sweep of our kernel's three kernels on a Hopper GPU.
 
     python3 scripts/gpu/sweep_hopper.py --jobs 14 --out DIR [--d 128] [--dtype bfloat16]
-                                        [--set tables|rows|early|reduce]
+                                        [--set tables|rows|early|reduce|occupancy|dkdv4]
 
 Each variant is (kind, point, tma, ws) with kind "fwd", "dkdv" or "dq", point = (outer,
 inner, warps, stages) as in ``kernels._common`` and tma/ws the Hopper flags. Three phases:
@@ -66,13 +66,50 @@ EARLY_VARIANTS = [("dkdv", (128, 64, 8, 2), False, True, False),
 # dK/dV table point, dQ tiles by one bulk reduce-add each through a descriptor or by
 # per-element fp32 atomics, EARLY off and on.
 REDUCE_VARIANTS = [(reduce, early) for reduce in (True, False) for early in (False, True)]
-SETS = ("tables", "rows", "early", "reduce")
+# The "occupancy" set: the forward as PERSIST programs per multiprocessor looping over the
+# tiles (0: one program per tile), and 128-row tiles at 4 warps held as two 64-row halves
+# (HALVES; two programs fit on a multiprocessor at 2 stages), beside the same points plain;
+# each (point, persist, halves). And the dK/dV kernel at 4 warps (64-row key tiles: two or
+# more programs per multiprocessor) with the table's flags (descriptors, ROWS), EARLY off
+# and on; each (point, early).
+PERSIST_VARIANTS = [((256, 64, 8, 3), 0, False), ((256, 64, 8, 3), 1, False),
+                    ((256, 64, 8, 4), 0, False), ((256, 64, 8, 4), 1, False),
+                    ((128, 64, 4, 2), 0, False), ((128, 64, 4, 2), 0, True),
+                    ((128, 64, 4, 2), 2, True), ((128, 64, 4, 3), 0, True),
+                    ((128, 32, 4, 2), 0, True), ((128, 32, 4, 3), 0, True)]
+OCC_DKDV = [((64, 32, 4, 3), False), ((64, 32, 4, 3), True), ((64, 32, 4, 2), True),
+            ((64, 64, 4, 2), True), ((128, 64, 8, 2), True)]
+# The "dkdv4" set: the dK/dV kernel at 4 warps around the occupancy set's best point, with
+# the table's point first and last in the same run (EARLY as the table takes it: without a
+# band only; its two times show the run's drift); each (point, early), descriptors and ROWS
+# on.
+DKDV4 = [((64, 64, 4, 2), False), ((64, 64, 4, 2), True), ((64, 64, 4, 3), False),
+         ((64, 64, 4, 3), True), ((64, 64, 4, 1), True), ((64, 32, 4, 2), False),
+         ((64, 32, 4, 2), True), ((64, 32, 4, 3), True)]
+SETS = ("tables", "rows", "early", "reduce", "occupancy", "dkdv4")
 
 
 def variants(which: str = "tables") -> list[dict]:
     if which not in SETS:
         raise ValueError(f"--set must be one of {SETS}, got {which!r}")
     out = []
+    if which == "dkdv4":
+        for causal in (False, True):
+            table = [((128, 64, 8, 2), not causal)]
+            for pt, early in table + DKDV4 + table:
+                out.append(dict(kind="dkdv", point=list(pt), tma=True, ws=False, rows=True,
+                                early=early, others="table", causal=causal))
+        return out
+    if which == "occupancy":
+        for causal in (False, True):
+            for pt, persist, halves in PERSIST_VARIANTS:
+                for tma in (False, True) if pt[0] == 128 else (False,):
+                    out.append(dict(kind="fwd", point=list(pt), tma=tma, ws=False,
+                                    persist=persist, halves=halves, causal=causal))
+            for pt, early in OCC_DKDV:
+                out.append(dict(kind="dkdv", point=list(pt), tma=True, ws=False, rows=True,
+                                early=early, others="table", causal=causal))
+        return out
     if which == "reduce":
         for causal in (False, True):
             for reduce, early in REDUCE_VARIANTS:
@@ -110,7 +147,8 @@ def variants(which: str = "tables") -> list[dict]:
 
 
 def _forced(var: dict | None):
-    """Context: the package launches ``var`` for its kind (point, TMA, WS, ROWS, EARLY);
+    """Context: the package launches ``var`` for its kind (point, TMA, WS, ROWS, EARLY,
+    PERSIST, HALVES);
     every other kind at the table's point, on the pointer path unless ``var["others"]`` is
     "table" (then with the table's flags too)."""
     from flashcheck.kernels import _common
@@ -134,8 +172,11 @@ def _forced(var: dict | None):
                 mine = var is not None and kind == var["kind"]
                 if var is not None and not mine and var.get("others") == "table":
                     return flags
-                if "EARLY" in flags:
-                    flags["EARLY"] = bool(mine and var.get("early"))
+                for name in ("EARLY", "HALVES"):
+                    if name in flags:
+                        flags[name] = bool(mine and var.get(name.lower()))
+                if "PERSIST" in flags:
+                    flags["PERSIST"] = int(var.get("persist", 0)) if mine else 0
                 flags["TMA"] = bool(mine and var["tma"] and fa._tma_layout_ok(*streamed))
                 flags["WS"] = bool(mine and var["ws"] and flags["TMA"])
                 if "ROWS" in flags:
@@ -253,6 +294,7 @@ def time_all(dtype, D: int, compiled: list[dict], log) -> dict:
                 res["variants"].append(rec)
                 log(f"{var['kind']} {var['point']} tma={var['tma']} ws={var['ws']} "
                     f"rows={bool(var.get('rows'))} early={bool(var.get('early'))} "
+                    f"persist={var.get('persist', 0)} halves={bool(var.get('halves'))} "
                     f"reduce={var.get('reduce')} "
                     f"atomic={bool(var.get('atomic'))} causal={causal}: "
                     f"{rec.get('ms', rec.get('time_error'))}")
@@ -269,7 +311,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile-timeout", type=float, default=300)
     ap.add_argument("--set", default="tables", choices=SETS,
                     help="which variants: the set behind the tables, the dK/dV row set, "
-                         "the backward kernels' dP order, or the non-deterministic dQ adds")
+                         "the backward kernels' dP order, the non-deterministic dQ adds, or "
+                         "the persistent forward and 128-row tiles as halves")
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     out = Path(args.out)
@@ -313,7 +356,8 @@ def main(argv=None) -> int:
     (out / "sweep.json").write_text(json.dumps(summary, indent=1))
     for key, r in best.items():
         print("best", key, r["point"], "tma", r["tma"], "ws", r["ws"], "rows",
-              bool(r.get("rows")), "early", bool(r.get("early")), f"{r['ms']:.3f} ms",
+              bool(r.get("rows")), "early", bool(r.get("early")), "persist",
+              r.get("persist", 0), "halves", bool(r.get("halves")), f"{r['ms']:.3f} ms",
               flush=True)
     return 0
 
