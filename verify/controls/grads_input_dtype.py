@@ -42,9 +42,8 @@ class _GradsInputDtype(BlockedAttention):
                 for n0 in range(0, p.Nk, _KEYS):
                     cols = slice(n0, n0 + _KEYS)
                     k_t, v_t = kf[:, hs, cols], vf[:, hs, cols]
-                    s = self.mm(q_t, k_t.transpose(-1, -2)) * p.scale
-                    if bias is not None:
-                        s = s + bias[:, hs, rows, cols]
+                    s = self.logits(q_t, k_t, None if bias is None else bias[:, hs, rows, cols],
+                                    p.scale, dtype)
                     s = s.masked_fill(~allowed[rows, cols], NEG_INF)
                     pt = self.exp(s - lse_use[:, hs, rows, None])
                     p_r = self.round_p(pt, dtype)
