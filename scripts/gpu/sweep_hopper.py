@@ -1,7 +1,7 @@
 """Launch-configuration sweep of our kernel's three kernels on a Hopper GPU.
 
     python3 scripts/gpu/sweep_hopper.py --jobs 14 --out DIR [--d 128] [--dtype bfloat16]
-                                        [--set tables|rows|early|reduce|occupancy|dkdv4]
+                                        [--set tables|rows|early|reduce|occupancy|dkdv4|dq4]
 
 Each variant is (kind, point, tma, ws) with kind "fwd", "dkdv" or "dq", point = (outer,
 inner, warps, stages) as in ``kernels._common`` and tma/ws the Hopper flags. Three phases:
@@ -86,13 +86,28 @@ OCC_DKDV = [((64, 32, 4, 3), False), ((64, 32, 4, 3), True), ((64, 32, 4, 2), Tr
 DKDV4 = [((64, 64, 4, 2), False), ((64, 64, 4, 2), True), ((64, 64, 4, 3), False),
          ((64, 64, 4, 3), True), ((64, 64, 4, 1), True), ((64, 32, 4, 2), False),
          ((64, 32, 4, 2), True), ((64, 32, 4, 3), True)]
-SETS = ("tables", "rows", "early", "reduce", "occupancy", "dkdv4")
+# The "dq4" set: the dQ kernel at 4 warps (two programs per multiprocessor where registers
+# and shared memory allow), descriptors on, warp specialisation off (it does not compile at
+# 4 warps), EARLY off and on, beside the table's point first and last; each (point, early).
+DQ4 = [((64, 64, 4, 2), False), ((64, 64, 4, 2), True), ((64, 64, 4, 3), False),
+       ((64, 128, 4, 2), False), ((128, 64, 4, 2), False), ((64, 32, 4, 3), False)]
+SETS = ("tables", "rows", "early", "reduce", "occupancy", "dkdv4", "dq4")
 
 
 def variants(which: str = "tables") -> list[dict]:
     if which not in SETS:
         raise ValueError(f"--set must be one of {SETS}, got {which!r}")
     out = []
+    if which == "dq4":
+        for causal in (False, True):
+            out.append(dict(kind="dq", point=[128, 64, 8, 3], tma=True, ws=True, early=False,
+                            others="table", causal=causal))
+            for pt, early in DQ4:
+                out.append(dict(kind="dq", point=list(pt), tma=True, ws=False, early=early,
+                                others="table", causal=causal))
+            out.append(dict(kind="dq", point=[128, 64, 8, 3], tma=True, ws=True, early=False,
+                            others="table", causal=causal))
+        return out
     if which == "dkdv4":
         for causal in (False, True):
             table = [((128, 64, 8, 2), not causal)]
