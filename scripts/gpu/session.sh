@@ -69,6 +69,10 @@
 #                                         with --update), memcheck, racecheck and the
 #                                         determinism check; longer than one call: run it as
 #                                         `detach kernel`, then `collect`
+#   bash scripts/gpu/session.sh ab        our kernel from this checkout and from the tree in .ab/OLD
+#                                         (carried; `git archive COMMIT | tar -x -C .ab/OLD` here),
+#                                         timed in alternation (scripts/gpu/ab_time.py; AB_ARGS:
+#                                         e.g. "--d 64 --rounds 3")
 # Several phases may share one call (session.sh throughput peers); they run in this file's order.
 set -uo pipefail
 : "${1:?phase}"
@@ -110,6 +114,12 @@ if has bench; then
     --prewarm-timeout-s "${PREWARM_S:-200}" --budget-s "${BUDGET_S:-330}" --out "$R/bench" \
     ${BENCH_ARGS:-} > "$R/bench.log" 2>&1
   el "bench exit=$?"
+fi
+if has ab; then
+  el ab
+  timeout -s TERM "${AB_S:-540}" python3 scripts/gpu/ab_time.py --a . --b .ab/OLD \
+    --out "$R/ab.json" ${AB_ARGS:-} > "$R/ab.log" 2>&1
+  el "ab exit=$?"
 fi
 if has sweep; then
   el sweep
