@@ -99,14 +99,11 @@ def variants(which: str = "tables") -> list[dict]:
         raise ValueError(f"--set must be one of {SETS}, got {which!r}")
     out = []
     if which == "dq4":
+        table = [((128, 64, 8, 3), True, False)]  # (point, ws, early)
         for causal in (False, True):
-            out.append(dict(kind="dq", point=[128, 64, 8, 3], tma=True, ws=True, early=False,
-                            others="table", causal=causal))
-            for pt, early in DQ4:
-                out.append(dict(kind="dq", point=list(pt), tma=True, ws=False, early=early,
+            for pt, ws, early in table + [(pt, False, e) for pt, e in DQ4] + table:
+                out.append(dict(kind="dq", point=list(pt), tma=True, ws=ws, early=early,
                                 others="table", causal=causal))
-            out.append(dict(kind="dq", point=[128, 64, 8, 3], tma=True, ws=True, early=False,
-                            others="table", causal=causal))
         return out
     if which == "dkdv4":
         for causal in (False, True):
