@@ -240,9 +240,11 @@ ANY = None  # the causal column of a table row: matches causal and non-causal ca
 # query tile held as two 128-row halves, 3 stages, 4 causal: 12 % and 10 % faster than the
 # earlier 128x64), dK/dV with 64 resident key rows and 64-row query tiles at 4 warps and 2
 # stages (two programs per multiprocessor: the whole backward 3-7 % faster non-causal, 4 %
-# causal than 128 key rows at 8 warps, sweep set "dkdv4"), dQ 128x64 with 3 stages; the
-# other head dims follow Triton's fused-attention tutorial and FlashAttention-2
-# (half the stages at D = 256).
+# causal than 128 key rows at 8 warps, sweep set "dkdv4"), dQ 128x64 with 3 stages; at
+# BLOCK_D <= 64 the dK/dV kernel also takes 64 key rows at 4 warps (3 stages, causal 2: the
+# whole backward 8 % and 13 % faster than 128x64 at 8 warps, sweep set "dkdv64"); the other
+# head dims follow Triton's fused-attention tutorial and FlashAttention-2 (half the stages at
+# D = 256).
 # fp32 uses IEEE dot products, which run on the FMA units and are unrolled per thread: the
 # sm_90 compile time grows with the multiply-adds per thread and tile step (about
 # n_dots * outer * inner * BLOCK_D / threads), so fp32 rows keep that near 2K or below
@@ -256,7 +258,8 @@ HEURISTIC_TABLE = (
     ("fwd",   4,   64,         ANY,    (64, 32, 4, 2)),
     ("fwd",   4,   128,        ANY,    (32, 32, 8, 1)),
     ("fwd",   4,   256,        ANY,    (32, 16, 8, 1)),
-    ("dkdv",  2,   64,         ANY,    (128, 64, 8, 3)),
+    ("dkdv",  2,   64,         False,  (64, 64, 4, 3)),
+    ("dkdv",  2,   64,         True,   (64, 64, 4, 2)),
     ("dkdv",  2,   128,        ANY,    (64, 64, 4, 2)),
     ("dkdv",  2,   256,        ANY,    (64, 32, 8, 2)),
     ("dkdv",  4,   64,         ANY,    (32, 32, 4, 2)),
@@ -275,6 +278,7 @@ HEURISTIC_TABLE = (
 AUTOTUNE_GRID = {
     ("fwd", 2, 128): ((256, 64, 8, 3), (256, 64, 8, 4), (128, 128, 8, 3)),
     ("fwd", 2, 256): ((64, 32, 4, 2), (64, 64, 4, 2), (128, 64, 8, 2)),
+    ("dkdv", 2, 64): ((64, 64, 4, 2), (64, 64, 4, 3), (64, 32, 4, 3), (128, 64, 8, 3)),
     ("dkdv", 2, 128): ((128, 64, 8, 2), (64, 32, 4, 2), (128, 64, 8, 3)),
     ("dkdv", 2, 256): ((64, 64, 8, 2), (64, 32, 4, 2), (32, 32, 4, 2)),
     ("dq", 2, 128): ((128, 64, 8, 2), (128, 128, 8, 2), (128, 32, 8, 3)),
@@ -301,7 +305,7 @@ BUCKET_MIN, BUCKET_MAX = 16, 16384
 SMEM_MARGIN = 1.0  # no extra margin: smem_bytes already overestimates (see its docstring)
 H200_SMEM = 232448  # max_shared_mem reported for an H200 (227 KiB), used by the CPU tests
 
-_smem_cache: dict[int, int] = {}
+_props_cache: dict[int, dict] = {}
 _mode = ["heuristic"]
 
 # Hopper paths (sm_90 and later, 2-byte dtypes). TMA: the tile loops read their streamed
@@ -440,25 +444,28 @@ def tuning(mode: str):
         _mode[0] = prev
 
 
-def smem_limit(device_index: int | None = None) -> int:
-    """Shared memory per block on the current CUDA device, in bytes."""
+def _device_properties(device_index: int | None) -> dict:
+    """Triton's properties of a CUDA device (``max_shared_mem``, ``multiprocessor_count``,
+    ...), read once per device."""
     if device_index is None:
         device_index = torch.cuda.current_device()
-    if device_index not in _smem_cache:
-        props = triton.runtime.driver.active.utils.get_device_properties(device_index)
-        _smem_cache[device_index] = int(props["max_shared_mem"])
-    return _smem_cache[device_index]
+    if device_index not in _props_cache:
+        _props_cache[device_index] = dict(
+            triton.runtime.driver.active.utils.get_device_properties(device_index))
+    return _props_cache[device_index]
 
 
-_sm_cache: dict[int, int] = {}
+def smem_limit(device_index: int | None = None) -> int:
+    """Shared memory per block on the current CUDA device, in bytes."""
+    return int(_device_properties(device_index)["max_shared_mem"])
 
 
 def sm_count(device: torch.device) -> int:
-    """Multiprocessors of a CUDA device (the persistent forward's program count)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _sm_cache:
-        _sm_cache[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _sm_cache[index]
+    """Multiprocessors of a CUDA device (the persistent forward's and the split decode's
+    program counts); 1 off CUDA (the interpreter runs programs one at a time)."""
+    if device.type != "cuda":
+        return 1
+    return int(_device_properties(device.index)["multiprocessor_count"])
 
 
 def smem_bytes(kind: str, outer: int, inner: int, block_d: int, elem: int, stages: int) -> int:

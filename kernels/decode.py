@@ -208,13 +208,6 @@ def num_splits_heuristic(max_keys: int, programs: int, sm_count: int) -> int:
     return max(1, min(by_length, by_occupancy, MAX_SPLITS))
 
 
-def _sm_count(device: torch.device) -> int:
-    """SMs of a CUDA device; 1 under the interpreter (programs run one at a time)."""
-    if device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _forward(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits):
     B, Nq, Hq, D = q.shape
     _, page_size, Hkv, _ = k_cache.shape
@@ -226,7 +219,7 @@ def _forward(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits)
     head_groups = triton.cdiv(group, heads)
     if num_splits is None:
         num_splits = num_splits_heuristic(max_blocks * page_size, head_groups * B * Hkv,
-                                          _sm_count(q.device))
+                                          _common.sm_count(q.device))
     pages_per_split = triton.cdiv(max_blocks, min(num_splits, max_blocks))
     splits = triton.cdiv(max_blocks, pages_per_split)
     block_n, warps, stages = decode_point(q.element_size(), bd, page_size)

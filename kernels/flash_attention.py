@@ -489,7 +489,6 @@ def _fwd_program(pid_m, off_bh, N_M, Q, K, V, M, O, LSE, STATS, DESC_K, DESC_V,
         tl.store(STATS + slot + 1, n_full)
 
 
-
 @_no_spec
 def _fwd_kernel_impl(Q, K, V, M, O, LSE, STATS, DESC_K, DESC_V,
                 stride_qz, stride_qh, stride_qm, stride_qd,

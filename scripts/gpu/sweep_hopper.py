@@ -1,7 +1,7 @@
 """Launch-configuration sweep of our kernel's three kernels on a Hopper GPU.
 
     python3 scripts/gpu/sweep_hopper.py --jobs 14 --out DIR [--d 128] [--dtype bfloat16]
-                                        [--set tables|rows|early|reduce|occupancy|dkdv4|dq4]
+                                        [--set tables|rows|early|reduce|occupancy|dkdv4|dq4|dkdv64]
 
 Each variant is (kind, point, tma, ws) with kind "fwd", "dkdv" or "dq", point = (outer,
 inner, warps, stages) as in ``kernels._common`` and tma/ws the Hopper flags. Three phases:
@@ -91,7 +91,13 @@ DKDV4 = [((64, 64, 4, 2), False), ((64, 64, 4, 2), True), ((64, 64, 4, 3), False
 # 4 warps), EARLY off and on, beside the table's point first and last; each (point, early).
 DQ4 = [((64, 64, 4, 2), False), ((64, 64, 4, 2), True), ((64, 64, 4, 3), False),
        ((64, 128, 4, 2), False), ((128, 64, 4, 2), False), ((64, 32, 4, 3), False)]
-SETS = ("tables", "rows", "early", "reduce", "occupancy", "dkdv4", "dq4")
+# The "dkdv64" set (run with --d 64): the dK/dV kernel's autotune candidates at head dim 64
+# before and after the 4-warp change of the D 128 grid (which the D 64 rows shared), and the
+# 4-warp 64-row points, on the pointer path with the table's flags, the table's point first
+# and last; the benchmark's autotune mode picks among some of them.
+DKDV64 = [(64, 32, 4, 3), (128, 64, 8, 1), (128, 64, 8, 2), (64, 32, 4, 2), (64, 64, 4, 2),
+          (64, 64, 4, 3)]
+SETS = ("tables", "rows", "early", "reduce", "occupancy", "dkdv4", "dq4", "dkdv64")
 
 
 def variants(which: str = "tables") -> list[dict]:
@@ -104,6 +110,13 @@ def variants(which: str = "tables") -> list[dict]:
             for pt, ws, early in table + [(pt, False, e) for pt, e in DQ4] + table:
                 out.append(dict(kind="dq", point=list(pt), tma=True, ws=ws, early=early,
                                 others="table", causal=causal))
+        return out
+    if which == "dkdv64":
+        table = [(128, 64, 8, 3)]
+        for causal in (False, True):
+            for pt in table + DKDV64 + table:
+                out.append(dict(kind="dkdv", point=list(pt), tma=False, ws=False, rows=False,
+                                early=False, others="table", causal=causal))
         return out
     if which == "dkdv4":
         for causal in (False, True):
