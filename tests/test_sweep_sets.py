@@ -1,0 +1,91 @@
+"""The launch-point sweep's variant sets (scripts/gpu/sweep_hopper.py) and the device
+properties the launchers read.
+
+A sweep runs on a GPU call that cannot be repeated cheaply, so its variant lists are checked
+here: every variant names a kernel and a point that fits an H200's shared memory at the head
+dim it is run with, the sets that time the table's point first and last do, and no set
+holds the same variant twice except those two.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from flashcheck.kernels import _common
+
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _sweep():
+    spec = importlib.util.spec_from_file_location("sweep_hopper",
+                                                  _ROOT / "scripts/gpu/sweep_hopper.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+SWEEP = _sweep()
+# The head dim each set is run with (its command in docs/benchmarks/sweep.md).
+SET_D = {"dkdv64": 64}
+
+
+@pytest.mark.parametrize("which", SWEEP.SETS)
+def test_every_variant_is_a_launch_point_that_fits(which):
+    bd = SET_D.get(which, 128)
+    out = SWEEP.variants(which)
+    assert out
+    for var in out:
+        assert var["kind"] in _common.KINDS
+        assert len(var["point"]) == 4 and all(isinstance(x, int) for x in var["point"])
+        assert _common.keep(var["kind"], tuple(var["point"]), bd, 2, _common.H200_SMEM), var
+        assert isinstance(var["causal"], bool)
+
+
+@pytest.mark.parametrize("which", ["dkdv4", "dq4", "dkdv64"])
+def test_drift_sets_time_the_table_point_first_and_last(which):
+    out = SWEEP.variants(which)
+    for causal in (False, True):
+        mine = [v for v in out if v["causal"] == causal]
+        assert mine[0] == mine[-1]
+        inner = [repr(sorted(v.items())) for v in mine[1:-1]]
+        assert len(set(inner)) == len(inner), "a variant is timed twice"
+        assert mine[0] not in mine[1:-1]
+
+
+def test_dkdv64_times_the_current_and_the_earlier_d64_points():
+    pts = {(tuple(v["point"]), v["causal"]) for v in SWEEP.variants("dkdv64")}
+    for causal in (False, True):
+        assert (_common.heuristic_point("dkdv", 64, 2, causal), causal) in pts
+        for p in _common.autotune_points("dkdv", 64, 2, causal, _common.H200_SMEM):
+            assert (p, causal) in pts
+
+
+def test_unknown_set_is_refused_with_the_allowed_ones():
+    with pytest.raises(ValueError, match="--set must be one of"):
+        SWEEP.variants("nope")
+
+
+def test_device_properties_are_read_once_and_shared(monkeypatch):
+    calls = []
+
+    class Utils:
+        @staticmethod
+        def get_device_properties(index):
+            calls.append(index)
+            return {"max_shared_mem": 1234, "multiprocessor_count": 7}
+
+    class Active:
+        utils = Utils
+
+    monkeypatch.setattr(_common, "_props_cache", {})
+    monkeypatch.setattr(_common.triton.runtime, "driver", SimpleNamespace(active=Active))
+    assert _common.smem_limit(5) == 1234
+    assert _common.sm_count(torch.device("cuda", 5)) == 7
+    assert calls == [5]
+    # Off CUDA there is one program at a time (the interpreter): no device is read.
+    assert _common.sm_count(torch.device("cpu")) == 1
+    assert calls == [5]
