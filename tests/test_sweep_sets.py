@@ -30,7 +30,7 @@ def _sweep():
 
 SWEEP = _sweep()
 # The head dim each set is run with (its command in docs/benchmarks/sweep.md).
-SET_D = {"dkdv64": 64}
+SET_D = {"dkdv64": 64, "d64": 64}
 
 
 @pytest.mark.parametrize("which", SWEEP.SETS)

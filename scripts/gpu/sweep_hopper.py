@@ -1,7 +1,7 @@
 """Launch-configuration sweep of our kernel's three kernels on a Hopper GPU.
 
     python3 scripts/gpu/sweep_hopper.py --jobs 14 --out DIR [--d 128] [--dtype bfloat16]
-                                        [--set tables|rows|early|reduce|occupancy|dkdv4|dq4|dkdv64]
+                                        [--set tables|rows|early|reduce|occupancy|dkdv4|dq4|dkdv64|d64]
 
 Each variant is (kind, point, tma, ws) with kind "fwd", "dkdv" or "dq", point = (outer,
 inner, warps, stages) as in ``kernels._common`` and tma/ws the Hopper flags. Three phases:
@@ -97,7 +97,32 @@ DQ4 = [((64, 64, 4, 2), False), ((64, 64, 4, 2), True), ((64, 64, 4, 3), False),
 # and last; the benchmark's autotune mode picks among some of them.
 DKDV64 = [(64, 32, 4, 3), (128, 64, 8, 1), (128, 64, 8, 2), (64, 32, 4, 2), (64, 64, 4, 2),
           (64, 64, 4, 3)]
-SETS = ("tables", "rows", "early", "reduce", "occupancy", "dkdv4", "dq4", "dkdv64")
+# The "d64" set (run with --d 64): the three kernels at head dim 64 with descriptors, which
+# only the D 128 rows were swept with, beside their table points on the pointer path; the
+# forward also at 256-row tiles (two 128-row halves, as at D 128) and 8 warps; each
+# (kind, point, tma, ws, rows, early, halves). The table's points are those of commit
+# 7a2d11f.
+D64_VARIANTS = [("fwd", (128, 64, 4, 3), False, False, False, False, False),
+                ("fwd", (128, 64, 4, 3), True, False, False, False, False),
+                ("fwd", (128, 64, 4, 2), True, False, False, False, True),
+                ("fwd", (128, 64, 8, 3), False, False, False, False, False),
+                ("fwd", (128, 128, 4, 3), True, False, False, False, False),
+                ("fwd", (256, 64, 8, 3), False, False, False, False, False),
+                ("fwd", (256, 64, 8, 3), True, False, False, False, False),
+                ("fwd", (256, 64, 8, 4), True, False, False, False, False),
+                ("dq", (128, 64, 8, 3), False, False, False, False, False),
+                ("dq", (128, 64, 8, 3), True, False, False, False, False),
+                ("dq", (128, 64, 8, 3), True, True, False, False, False),
+                ("dq", (128, 64, 8, 3), True, False, False, True, False),
+                ("dq", (64, 64, 4, 2), True, False, False, False, False),
+                ("dq", (128, 128, 8, 3), True, False, False, False, False),
+                ("dkdv", (64, 64, 4, 3), False, False, False, False, False),
+                ("dkdv", (64, 64, 4, 3), True, False, False, False, False),
+                ("dkdv", (64, 64, 4, 3), True, False, True, False, False),
+                ("dkdv", (64, 64, 4, 3), True, False, True, True, False),
+                ("dkdv", (64, 64, 4, 2), False, False, False, False, False),
+                ("dkdv", (64, 64, 4, 2), True, False, True, False, False)]
+SETS = ("tables", "rows", "early", "reduce", "occupancy", "dkdv4", "dq4", "dkdv64", "d64")
 
 
 def variants(which: str = "tables") -> list[dict]:
@@ -110,6 +135,12 @@ def variants(which: str = "tables") -> list[dict]:
             for pt, ws, early in table + [(pt, False, e) for pt, e in DQ4] + table:
                 out.append(dict(kind="dq", point=list(pt), tma=True, ws=ws, early=early,
                                 others="table", causal=causal))
+        return out
+    if which == "d64":
+        for causal in (False, True):
+            for kind, pt, tma, ws, rows, early, halves in D64_VARIANTS:
+                out.append(dict(kind=kind, point=list(pt), tma=tma, ws=ws, rows=rows,
+                                early=early, halves=halves, others="table", causal=causal))
         return out
     if which == "dkdv64":
         table = [(128, 64, 8, 3)]
