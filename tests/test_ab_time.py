@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -56,3 +57,49 @@ def test_bad_arguments_are_refused_naming_the_argument(args, message, tmp_path, 
         ab.main(base + args)
     assert e.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_autotune_picks_name_each_kernels_point_per_tuning_key():
+    import triton
+    ab = _module()
+    cfg = triton.Config({"BLOCK_N": 64, "BLOCK_M": 64}, num_warps=4, num_stages=3)
+    fa = SimpleNamespace(_dkdv_tuned=SimpleNamespace(cache={(4096, 64, "bf16"): cfg}),
+                         _fwd_tuned=SimpleNamespace(cache={}))   # no _dq_tuned at all
+    picks = ab.autotune_picks(fa)
+    assert picks == {"fwd": {}, "dq": {},
+                     "dkdv": {"(4096, 64, 'bf16')": "[('BLOCK_M', 64), ('BLOCK_N', 64)] w4 s3"}}
+
+
+def test_pick_differences_name_changed_and_one_sided_keys_only():
+    ab = _module()
+    a = {"dkdv": {"k1": "p w4 s3", "k2": "q w8 s3"}, "fwd": {"k1": "r w4 s3"}}
+    b = {"dkdv": {"k1": "p w4 s3", "k2": "q w8 s2", "k3": "s w4 s2"}}
+    assert ab.pick_differences(a, b) == [
+        "dkdv k2: A q w8 s3 | B q w8 s2", "dkdv k3: A not tuned | B s w4 s2",
+        "fwd k1: A r w4 s3 | B not tuned"]
+    assert ab.pick_differences(a, a) == []
+
+
+def test_a_tree_is_timed_from_its_workers_rows_and_picks(monkeypatch, tmp_path):
+    ab = _module()
+    seen = {}
+
+    def run(cmd, env, cwd, **kw):
+        seen.update(env=env, cwd=cwd, code=cmd[-1])
+        return SimpleNamespace(returncode=0, stderr="", stdout="noise\nAB_ROWS [1, 2]\n"
+                               'AB_PICKS {"fwd": {"k": "p"}}\n')
+
+    monkeypatch.setattr(ab.subprocess, "run", run)
+    rows, picks = ab._time_tree(tmp_path, 64, [1024], 10.0)
+    assert rows == [1, 2] and picks == {"fwd": {"k": "p"}}
+    assert seen["cwd"] == tmp_path and seen["env"]["PYTHONPATH"] == str(tmp_path.resolve())
+    assert seen["env"]["FLASHCHECK_AUTOTUNE_CACHE"] == "0"
+    compile(seen["code"], "worker", "exec")  # the formatted worker is Python
+
+
+def test_a_tree_without_timings_is_an_error_with_its_stderr(monkeypatch, tmp_path):
+    ab = _module()
+    monkeypatch.setattr(ab.subprocess, "run", lambda *a, **k: SimpleNamespace(
+        returncode=1, stdout="", stderr="ImportError: no flashcheck"))
+    with pytest.raises(RuntimeError, match="no timings .exit 1.: ImportError"):
+        ab._time_tree(tmp_path, 64, [1024], 10.0)

@@ -14,7 +14,10 @@ forward+backward). Alternating the trees over several rounds separates a differe
 code from drift of the machine, which a comparison of two benchmark runs made at different
 times cannot (the D = 64 rows of docs/benchmarks/bench_nvidia_h200.md against the earlier
 run: 5-7 % apart with the same compiled code). ``FILE.json`` holds every time and, per
-configuration and pass, the median over rounds of each tree and their ratio B / A.
+configuration and pass, the median over rounds of each tree and their ratio B / A, and
+each run's autotune picks (kernel, tuning key -> point); the log names every key whose pick
+differs between the trees in a round, since in autotune mode a change to the candidate
+lists moves the timed launch points without changing any compiled kernel.
 """
 
 from __future__ import annotations
@@ -39,17 +42,54 @@ with kernels.tuning("autotune"):
         rows += bench._bench_one(cfg, "triton-fa2")
         torch.cuda.empty_cache()
 print("AB_ROWS " + json.dumps(rows))
+sys.path.insert(0, {here!r})
+from ab_time import autotune_picks
+from flashcheck.kernels import flash_attention
+print("AB_PICKS " + json.dumps(autotune_picks(flash_attention)))
 """
 
 
-def _time_tree(tree: Path, d: int, ns: list[int], timeout_s: float) -> list[dict]:
+def autotune_picks(fa) -> dict:
+    """The autotuners' choices so far in this process: per kernel ("fwd", "dkdv", "dq"),
+    tuning key (repr) -> "[(tile name, size), ...] wWARPS sSTAGES". ``fa`` is the kernel
+    module (``flashcheck.kernels.flash_attention`` of the tree being timed)."""
+    picks = {}
+    for kind in ("fwd", "dkdv", "dq"):
+        cache = getattr(getattr(fa, f"_{kind}_tuned", None), "cache", None) or {}
+        picks[kind] = {repr(key): f"{sorted(c.kwargs.items())} w{c.num_warps} s{c.num_stages}"
+                       for key, c in cache.items()}
+    return picks
+
+
+def _time_tree(tree: Path, d: int, ns: list[int], timeout_s: float) -> tuple[list, dict]:
+    """(timing rows, the autotuner's pick per kernel and tuning key) of one tree."""
     env = dict(os.environ, PYTHONPATH=str(tree.resolve()), FLASHCHECK_AUTOTUNE_CACHE="0")
-    proc = subprocess.run([sys.executable, "-c", _WORKER.format(d=d, ns=ns)], env=env,
-                          cwd=tree, capture_output=True, text=True, timeout=timeout_s)
+    code = _WORKER.format(d=d, ns=ns, here=str(Path(__file__).resolve().parent))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=tree,
+                          capture_output=True, text=True, timeout=timeout_s)
+    found = {}
     for line in proc.stdout.splitlines():
-        if line.startswith("AB_ROWS "):
-            return json.loads(line[len("AB_ROWS "):])
-    raise RuntimeError(f"{tree}: no timings (exit {proc.returncode}): {proc.stderr[-800:]}")
+        for tag in ("AB_ROWS", "AB_PICKS"):
+            if line.startswith(tag + " "):
+                found[tag] = json.loads(line[len(tag) + 1:])
+    if "AB_ROWS" not in found:
+        raise RuntimeError(f"{tree}: no timings (exit {proc.returncode}): "
+                           f"{proc.stderr[-800:]}")
+    return found["AB_ROWS"], found.get("AB_PICKS", {})
+
+
+def pick_differences(a: dict, b: dict) -> list[str]:
+    """Lines naming each (kernel, tuning key) whose autotune pick differs between two
+    trees' runs, or that only one of them tuned: where the code may be the same and the
+    launch point not."""
+    out = []
+    for kind in sorted(set(a) | set(b)):
+        pa, pb = a.get(kind, {}), b.get(kind, {})
+        for key in sorted(set(pa) | set(pb)):
+            if pa.get(key) != pb.get(key):
+                out.append(f"{kind} {key}: A {pa.get(key, 'not tuned')} | "
+                           f"B {pb.get(key, 'not tuned')}")
+    return out
 
 
 def summarize(times: dict[str, list[list[dict]]]) -> list[dict]:
@@ -98,15 +138,20 @@ def main(argv=None) -> int:
             ap.error(f"--{name}: {tree} is not a checkout of this repository "
                      "(no flashcheck/__init__.py)")
     times: dict[str, list[list[dict]]] = {"a": [], "b": []}
+    picks: dict[str, list[dict]] = {"a": [], "b": []}
     for i in range(args.rounds):
         for name in ("a", "b"):
-            times[name].append(_time_tree(getattr(args, name), args.d, ns, args.timeout_s))
+            rows, picked = _time_tree(getattr(args, name), args.d, ns, args.timeout_s)
+            times[name].append(rows)
+            picks[name].append(picked)
             print(f"round {i + 1}: tree {name} timed", flush=True)
+        for line in pick_differences(picks["a"][-1], picks["b"][-1]):
+            print(f"round {i + 1}: autotune pick differs: {line}", flush=True)
     summary = summarize(times)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(dict(a=str(args.a), b=str(args.b), d=args.d, n=ns,
-                                        rounds=args.rounds, summary=summary, times=times),
-                                   indent=1) + "\n")
+                                        rounds=args.rounds, summary=summary, times=times,
+                                        picks=picks), indent=1) + "\n")
     for s in summary:
         ratio = "n/a" if s["b_over_a"] is None else f"{s['b_over_a']:.3f}"
         print(f"{s['dtype']:8s} D={s['D']} causal={s['causal']!s:5s} N={s['N']:5d} "
