@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
+from tests.script_modules import load
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu" / "ab_time.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("ab_time", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load(SCRIPT)
 
 
 def _row(ms, pass_="bwd", causal=True):

@@ -3,20 +3,18 @@ docs/reports/README.md from their case files."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pathlib
 
 from flashcheck.verify.cases import Case
 
+from tests.script_modules import load
+
 _SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "classify_failures.py"
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("classify_failures", _SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load(_SCRIPT)
 
 
 # Batch 0 has no allowed key at all (every one of its query rows is dead); batch 1 has 3.

@@ -14,7 +14,6 @@ built from them (reference/family.py).
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flashcheck import reference
+from tests.script_modules import load
 from tests.test_reference_online import _grads, problems
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -35,11 +35,7 @@ blocks = st.integers(1, 16) | st.sampled_from([32, 64])
 
 
 def _frozen():
-    path = Path(__file__).parent / "data" / "online_before_family.py"
-    spec = importlib.util.spec_from_file_location("online_before_family", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load(Path(__file__).parent / "data" / "online_before_family.py")
 
 
 OLD = _frozen()

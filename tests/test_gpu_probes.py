@@ -4,21 +4,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pathlib
 
 import pytest
 from flashcheck.verify.cases import Case
 
+from tests.script_modules import load
+
 _GPU = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "gpu"
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, _GPU / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load(_GPU / f"{name}.py")
 
 
 def test_subnormal_probe_covers_every_dtype_and_op(tmp_path):

@@ -9,7 +9,6 @@ errors are known exactly.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import pathlib
@@ -18,11 +17,10 @@ import pytest
 import torch
 
 from flashcheck import kernels, reference
+from tests.script_modules import load
 
 _PATH = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "long_seq.py"
-_spec = importlib.util.spec_from_file_location("long_seq", _PATH)
-long_seq = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(long_seq)
+long_seq = load(_PATH)
 
 
 # See test_cpu_run_records_every_configuration: three roundings of size u (Minkowski).

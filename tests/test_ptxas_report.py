@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,15 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.script_modules import load
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "ptxas_report.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("ptxas_report", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load(SCRIPT)
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

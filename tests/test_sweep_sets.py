@@ -9,26 +9,15 @@ holds the same variant twice except those two.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 from flashcheck.kernels import _common
 
-_ROOT = Path(__file__).resolve().parent.parent
+from tests.script_modules import load
 
-
-def _sweep():
-    spec = importlib.util.spec_from_file_location("sweep_hopper",
-                                                  _ROOT / "scripts/gpu/sweep_hopper.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-SWEEP = _sweep()
+SWEEP = load("scripts/gpu/sweep_hopper.py")
 # The head dim each set is run with (its command in docs/benchmarks/sweep.md).
 SET_D = {"dkdv64": 64, "d64": 64}
 

@@ -1,7 +1,7 @@
 """Launch-configuration sweep of our kernel's three kernels on a Hopper GPU.
 
     python3 scripts/gpu/sweep_hopper.py --jobs 14 --out DIR [--d 128] [--dtype bfloat16]
-                                        [--set tables|rows|early|reduce|occupancy|dkdv4|dq4|dkdv64|d64]
+                                        [--set SET]   (SET: one of SETS below)
 
 Each variant is (kind, point, tma, ws) with kind "fwd", "dkdv" or "dq", point = (outer,
 inner, warps, stages) as in ``kernels._common`` and tma/ws the Hopper flags. Three phases:
