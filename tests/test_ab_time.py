@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -101,3 +102,26 @@ def test_a_tree_without_timings_is_an_error_with_its_stderr(monkeypatch, tmp_pat
         returncode=1, stdout="", stderr="ImportError: no flashcheck"))
     with pytest.raises(RuntimeError, match="no timings .exit 1.: ImportError"):
         ab._time_tree(tmp_path, 64, [1024], 10.0)
+
+
+def test_rounds_alternate_which_tree_is_timed_first(monkeypatch, tmp_path):
+    """A then B, B then A, A then B: an effect of the order shows in both trees' medians."""
+    ab = _module()
+    (tmp_path / "flashcheck").mkdir()
+    (tmp_path / "flashcheck" / "__init__.py").write_text("")
+    calls = []
+
+    def fake(tree, d, ns, timeout_s):
+        calls.append(tree)
+        return [_row(1.0)], {}
+
+    monkeypatch.setattr(ab, "_time_tree", fake)
+    other = tmp_path / "other"
+    (other / "flashcheck").mkdir(parents=True)
+    (other / "flashcheck" / "__init__.py").write_text("")
+    out = tmp_path / "ab.json"
+    assert ab.main(["--a", str(tmp_path), "--b", str(other), "--rounds", "3",
+                    "--out", str(out)]) == 0
+    assert calls == [tmp_path, other, other, tmp_path, tmp_path, other]
+    data = json.loads(out.read_text())
+    assert len(data["times"]["a"]) == len(data["times"]["b"]) == 3

@@ -18,13 +18,11 @@ from flashcheck.kernels import _common
 from tests.script_modules import load
 
 SWEEP = load("scripts/gpu/sweep_hopper.py")
-# The head dim each set is run with (its command in docs/benchmarks/sweep.md).
-SET_D = {"dkdv64": 64, "d64": 64}
 
 
 @pytest.mark.parametrize("which", SWEEP.SETS)
 def test_every_variant_is_a_launch_point_that_fits(which):
-    bd = SET_D.get(which, 128)
+    bd = SWEEP.SET_D.get(which, 128)
     out = SWEEP.variants(which)
     assert out
     for var in out:
@@ -34,7 +32,7 @@ def test_every_variant_is_a_launch_point_that_fits(which):
         assert isinstance(var["causal"], bool)
 
 
-@pytest.mark.parametrize("which", ["dkdv4", "dq4", "dkdv64"])
+@pytest.mark.parametrize("which", ["dkdv4", "dq4", "dkdv64", "ws"])
 def test_drift_sets_time_the_table_point_first_and_last(which):
     out = SWEEP.variants(which)
     for causal in (False, True):
@@ -51,6 +49,17 @@ def test_dkdv64_times_the_current_and_the_earlier_d64_points():
         assert (_common.heuristic_point("dkdv", 64, 2, causal), causal) in pts
         for p in _common.autotune_points("dkdv", 64, 2, causal, _common.H200_SMEM):
             assert (p, causal) in pts
+
+
+def test_head_dim_defaults_to_the_sets(monkeypatch, tmp_path):
+    """`--set d64` without `--d` times head dim 64, not the D 128 default of the other sets."""
+    seen = []
+    monkeypatch.setattr(SWEEP, "compile_shard", lambda i, n, dtype, d, out, which: seen.append(d))
+    for which, d in (("d64", 64), ("dkdv64", 64), ("ws", 128), ("tables", 128)):
+        assert SWEEP.main(["--out", str(tmp_path), "--set", which, "--shard", "0/1"]) == 0
+        assert seen[-1] == d
+    SWEEP.main(["--out", str(tmp_path), "--set", "d64", "--d", "128", "--shard", "0/1"])
+    assert seen[-1] == 128
 
 
 def test_unknown_set_is_refused_with_the_allowed_ones():

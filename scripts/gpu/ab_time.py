@@ -7,7 +7,9 @@ A tree is a checkout of this repository (the package ``flashcheck`` maps its ``k
 ``git archive COMMIT | tar -x -C .ab/OLD`` here makes one, and the device call carries
 ``.ab``. Each round times every configuration of the benchmark matrix with head dim ``--d``
 and length in ``--n`` (``kernels.bench.configurations``: bf16 and fp16, causal and not, B*H*N
-= 2^20) once per tree, A then B, each in a fresh process with that tree first on the path,
+= 2^20) once per tree, A then B in odd rounds and B then A in even ones (so that an effect
+of the order, such as the GPU's clocks after the other tree's run, does not read as a
+difference of the code), each in a fresh process with that tree first on the path,
 our deterministic kernel only, in the benchmark's autotune mode and with its timing
 (``kernels.bench._bench_one``: median of ``triton.testing.do_bench``, forward, backward,
 forward+backward). Alternating the trees over several rounds separates a difference of the
@@ -59,6 +61,11 @@ def autotune_picks(fa) -> dict:
         picks[kind] = {repr(key): f"{sorted(c.kwargs.items())} w{c.num_warps} s{c.num_stages}"
                        for key, c in cache.items()}
     return picks
+
+
+def round_order(i: int) -> tuple[str, str]:
+    """The trees in the order round ``i`` (from 0) times them: A first in every other round."""
+    return ("a", "b") if i % 2 == 0 else ("b", "a")
 
 
 def _time_tree(tree: Path, d: int, ns: list[int], timeout_s: float) -> tuple[list, dict]:
@@ -140,7 +147,7 @@ def main(argv=None) -> int:
     times: dict[str, list[list[dict]]] = {"a": [], "b": []}
     picks: dict[str, list[dict]] = {"a": [], "b": []}
     for i in range(args.rounds):
-        for name in ("a", "b"):
+        for name in round_order(i):
             rows, picked = _time_tree(getattr(args, name), args.d, ns, args.timeout_s)
             times[name].append(rows)
             picks[name].append(picked)

@@ -1,7 +1,10 @@
 """Launch-configuration sweep of our kernel's three kernels on a Hopper GPU.
 
-    python3 scripts/gpu/sweep_hopper.py --jobs 14 --out DIR [--d 128] [--dtype bfloat16]
+    python3 scripts/gpu/sweep_hopper.py --jobs 14 --out DIR [--d D] [--dtype bfloat16]
                                         [--set SET]   (SET: one of SETS below)
+
+``--d`` defaults to the head dim the set is meant for (``SET_D``: 64 for the D 64 sets,
+else 128).
 
 Each variant is (kind, point, tma, ws) with kind "fwd", "dkdv" or "dq", point = (outer,
 inner, warps, stages) as in ``kernels._common`` and tma/ws the Hopper flags. Three phases:
@@ -91,14 +94,14 @@ DKDV4 = [((64, 64, 4, 2), False), ((64, 64, 4, 2), True), ((64, 64, 4, 3), False
 # 4 warps), EARLY off and on, beside the table's point first and last; each (point, early).
 DQ4 = [((64, 64, 4, 2), False), ((64, 64, 4, 2), True), ((64, 64, 4, 3), False),
        ((64, 128, 4, 2), False), ((128, 64, 4, 2), False), ((64, 32, 4, 3), False)]
-# The "dkdv64" set (run with --d 64): the dK/dV kernel's autotune candidates at head dim 64
+# The "dkdv64" set (head dim 64, SET_D): the dK/dV kernel's autotune candidates at head dim 64
 # before and after the 4-warp change of the D 128 grid (which the D 64 rows shared), and the
 # 4-warp 64-row points, on the pointer path with the table's flags; the table's point as it
 # was before this set (128, 64, 8, 3) timed first and last (its two times are the run's
 # drift); the benchmark's autotune mode picks among some of them.
 DKDV64 = [(64, 32, 4, 3), (128, 64, 8, 1), (128, 64, 8, 2), (64, 32, 4, 2), (64, 64, 4, 2),
           (64, 64, 4, 3)]
-# The "d64" set (run with --d 64): the three kernels at head dim 64 with descriptors, which
+# The "d64" set (head dim 64, SET_D): the three kernels at head dim 64 with descriptors, which
 # only the D 128 rows were swept with, beside their table points on the pointer path; the
 # forward also at 256-row tiles (two 128-row halves, as at D 128) and 8 warps; each
 # (kind, point, tma, ws, rows, early, halves). The table's points are those of commit
@@ -123,7 +126,29 @@ D64_VARIANTS = [("fwd", (128, 64, 4, 3), False, False, False, False, False),
                 ("dkdv", (64, 64, 4, 3), True, False, True, True, False),
                 ("dkdv", (64, 64, 4, 2), False, False, False, False, False),
                 ("dkdv", (64, 64, 4, 2), True, False, True, False, False)]
-SETS = ("tables", "rows", "early", "reduce", "occupancy", "dkdv4", "dq4", "dkdv64", "d64")
+# The "ws" set: every kernel with descriptors and a warp-specialised tile loop (Triton's
+# producer/consumer split of the loop, which newer Triton releases extend on Hopper), the
+# forward at 256-row tiles (two 128-row halves) and at the 128-row points such a split is
+# built for, 8 and 4 warps; the backward kernels at their table points with the split on;
+# the table's point first and last (the run's drift) and its descriptor form without the
+# split. Each (kind, point, tma, ws, rows, early).
+WS_TABLE = ("fwd", (256, 64, 8, 3), False, False, False, False)
+WS_VARIANTS = [("fwd", (256, 64, 8, 3), True, False, False, False),
+               ("fwd", (256, 64, 8, 3), True, True, False, False),
+               ("fwd", (256, 64, 8, 2), True, True, False, False),
+               ("fwd", (256, 128, 8, 2), True, True, False, False),
+               ("fwd", (128, 128, 8, 3), True, True, False, False),
+               ("fwd", (128, 128, 8, 2), True, True, False, False),
+               ("fwd", (128, 64, 8, 3), True, True, False, False),
+               ("fwd", (128, 128, 4, 2), True, True, False, False),
+               ("fwd", (128, 64, 4, 3), True, True, False, False),
+               ("dq", (128, 64, 8, 3), True, True, False, False),
+               ("dkdv", (64, 64, 4, 2), True, False, True, True),
+               ("dkdv", (64, 64, 4, 2), True, True, True, True),
+               ("dkdv", (128, 64, 8, 2), True, True, True, True)]
+SETS = ("tables", "rows", "early", "reduce", "occupancy", "dkdv4", "dq4", "dkdv64", "d64", "ws")
+# The head dim each set is run with unless --d says otherwise.
+SET_D = {"dkdv64": 64, "d64": 64}
 
 
 def variants(which: str = "tables") -> list[dict]:
@@ -136,6 +161,12 @@ def variants(which: str = "tables") -> list[dict]:
             for pt, ws, early in table + [(pt, False, e) for pt, e in DQ4] + table:
                 out.append(dict(kind="dq", point=list(pt), tma=True, ws=ws, early=early,
                                 others="table", causal=causal))
+        return out
+    if which == "ws":
+        for causal in (False, True):
+            for kind, pt, tma, ws, rows, early in [WS_TABLE] + WS_VARIANTS + [WS_TABLE]:
+                out.append(dict(kind=kind, point=list(pt), tma=tma, ws=ws, rows=rows,
+                                early=early and not causal, others="table", causal=causal))
         return out
     if which == "d64":
         for causal in (False, True):
@@ -362,7 +393,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=14)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--d", type=int, default=128)
+    ap.add_argument("--d", type=int, default=None,
+                    help="head dim (default: the set's, SET_D; 128 unless named there)")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--shard", default=None, help="internal: i/n, compile phase")
     ap.add_argument("--compile-timeout", type=float, default=300)
@@ -371,6 +403,8 @@ def main(argv=None) -> int:
                          "the backward kernels' dP order, the non-deterministic dQ adds, or "
                          "the persistent forward and 128-row tiles as halves")
     args = ap.parse_args(argv)
+    if args.d is None:
+        args.d = SET_D.get(args.set, 128)
     dtype = getattr(torch, args.dtype)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
