@@ -3,11 +3,11 @@
     ncu --clock-control none --profile-from-start off --section SpeedOfLight ... \
         python3 scripts/gpu/profile_one.py --impl triton
 
-Shape: the benchmark's headline configuration (bf16, D = 128, N = 4096, B = 16, H = 16,
-non-causal unless --causal), our kernel in the benchmark's "autotune" tuning mode unless
---tuning says otherwise. Three untimed warm-up iterations (compilation, autotuning, cuDNN plan
-selection) run outside the range; the profiled range holds
-exactly one forward and one backward, so ncu sees only those kernels.
+Shape: the benchmark's headline configuration (bf16 unless --dtype, D = 128, N = 4096,
+B = 16, H = 16, non-causal unless --causal), our kernel in the benchmark's "autotune" tuning
+mode unless --tuning says otherwise. Three untimed warm-up iterations (compilation,
+autotuning, cuDNN plan selection) run outside the range; the profiled range holds exactly
+one forward and one backward, so ncu sees only those kernels.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ def main(argv=None) -> int:
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--n", type=int, default=4096)
     ap.add_argument("--d", type=int, default=128)
+    ap.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
     ap.add_argument("--tuning", choices=("autotune", "heuristic"), default="autotune")
     args = ap.parse_args(argv)
     with kernels.tuning(args.tuning):
@@ -39,7 +40,8 @@ def main(argv=None) -> int:
 def _run(args) -> int:
     B, H = (1 << 20) // (16 * args.n), 16
     g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(B, H, args.n, args.d, device="cuda", dtype=torch.bfloat16,
+    q, k, v = (torch.randn(B, H, args.n, args.d, device="cuda",
+                           dtype=getattr(torch, args.dtype),
                            generator=g).requires_grad_() for _ in range(3))
     do = torch.randn_like(q)
 
@@ -59,7 +61,7 @@ def _run(args) -> int:
     step()
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
-    print(f"profiled one fwd+bwd of {args.impl}: B={B} H={H} N={args.n} D={args.d} bf16 "
+    print(f"profiled one fwd+bwd of {args.impl}: B={B} H={H} N={args.n} D={args.d} {args.dtype} "
           f"causal={args.causal}")
     return 0
 

@@ -84,7 +84,7 @@ if [ "$1" = detach ]; then
 fi
 PHASES=" $* "
 has() { [[ "$PHASES" == *" $1 "* ]]; }
-PHASE=${*// /+}
+PHASE="$*"; PHASE=${PHASE// /+}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TRITON_CACHE_DIR=$PWD/.tcache
 # Many compiling processes at once: one Inductor compile worker each, not one per core.
 export TORCHINDUCTOR_COMPILE_THREADS=1
