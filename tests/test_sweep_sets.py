@@ -87,3 +87,33 @@ def test_device_properties_are_read_once_and_shared(monkeypatch):
     # Off CUDA there is one program at a time (the interpreter): no device is read.
     assert _common.sm_count(torch.device("cpu")) == 1
     assert calls == [5]
+
+
+def test_compile_records_carry_the_sets_order_and_are_timed_in_it(monkeypatch, tmp_path):
+    """Shards write as they finish; the timing phase reads the records back in the set's
+    order, so a table point timed first and last really brackets the candidates."""
+    monkeypatch.setattr(SWEEP, "_problem", lambda *a, **k: ())
+    monkeypatch.setattr(SWEEP, "_fwd_bwd", lambda *a, **k: (torch.zeros(1),) * 4)
+    monkeypatch.setattr(SWEEP.torch.cuda, "synchronize", lambda: None)
+    comp = tmp_path / "compile.jsonl"
+    for shard in (2, 0, 1):  # finishing out of order
+        SWEEP.compile_shard(shard, 3, torch.bfloat16, 128, comp, "dkdv4")
+    recs = SWEEP.load_compiled(comp)
+    want = SWEEP.variants("dkdv4")
+    assert [r["index"] for r in recs] == list(range(len(want)))
+    for rec, var in zip(recs, want, strict=True):
+        assert {k: rec[k] for k in var} == var and rec["ok"]
+
+
+@pytest.mark.parametrize("which", ["confirm128", "confirm64"])
+def test_confirm_sets_put_a_table_time_on_either_side_of_every_candidate(which):
+    out = SWEEP.variants(which)
+    for causal, table, cands in SWEEP.CONFIRM[which]:
+        kind = table[0]
+        mine = [v for v in out if v["causal"] == causal and v["kind"] == kind]
+        is_table = [tuple(v["point"]) == table[1] and v["tma"] == table[2] for v in mine]
+        assert is_table[0] and is_table[-1]
+        assert is_table.count(True) == SWEEP.CONFIRM_REPEATS + 1
+        assert len(mine) == 1 + (len(cands) + 1) * SWEEP.CONFIRM_REPEATS
+        # the table's point at its heuristic point: the launch the default path makes
+        assert table[1] == _common.heuristic_point(kind, SWEEP.SET_D.get(which, 128), 2, causal)

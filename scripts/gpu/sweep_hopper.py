@@ -146,9 +146,29 @@ WS_VARIANTS = [("fwd", (256, 64, 8, 3), True, False, False, False),
                ("dkdv", (64, 64, 4, 2), True, False, True, True),
                ("dkdv", (64, 64, 4, 2), True, True, True, True),
                ("dkdv", (128, 64, 8, 2), True, True, True, True)]
-SETS = ("tables", "rows", "early", "reduce", "occupancy", "dkdv4", "dq4", "dkdv64", "d64", "ws")
+# The "confirm128" and "confirm64" sets: the candidates that rounds 11 and 12 timed once
+# faster than the table, each alternated with the table's point (table, candidates, table,
+# candidates, table), so that every candidate time has a table time on either side. Each
+# (causal, table variant, candidate variants), a variant being (kind, point, tma, ws, rows,
+# early).
+CONFIRM = {
+    "confirm128": [(True, ("fwd", (256, 64, 8, 4), False, False, False, False),
+                    [("fwd", (128, 128, 8, 3), True, True, False, False),
+                     ("fwd", (128, 128, 8, 3), True, False, False, False)])],
+    "confirm64": [(False, ("dkdv", (64, 64, 4, 3), False, False, False, False),
+                   [("dkdv", (64, 64, 4, 3), True, False, True, False)]),
+                  (True, ("dkdv", (64, 64, 4, 2), False, False, False, False),
+                   [("dkdv", (64, 64, 4, 3), True, False, True, False),
+                    ("dkdv", (64, 64, 4, 3), True, False, True, True)]),
+                  (True, ("dq", (128, 64, 8, 3), False, False, False, False),
+                   [("dq", (128, 64, 8, 3), True, False, False, False),
+                    ("dq", (128, 64, 8, 3), True, True, False, False)])],
+}
+CONFIRM_REPEATS = 2
+SETS = ("tables", "rows", "early", "reduce", "occupancy", "dkdv4", "dq4", "dkdv64", "d64", "ws",
+        *CONFIRM)
 # The head dim each set is run with unless --d says otherwise.
-SET_D = {"dkdv64": 64, "d64": 64}
+SET_D = {"dkdv64": 64, "d64": 64, "confirm64": 64}
 
 
 def variants(which: str = "tables") -> list[dict]:
@@ -161,6 +181,13 @@ def variants(which: str = "tables") -> list[dict]:
             for pt, ws, early in table + [(pt, False, e) for pt, e in DQ4] + table:
                 out.append(dict(kind="dq", point=list(pt), tma=True, ws=ws, early=early,
                                 others="table", causal=causal))
+        return out
+    if which in CONFIRM:
+        for causal, table, cands in CONFIRM[which]:
+            for var in [table] + (cands + [table]) * CONFIRM_REPEATS:
+                kind, pt, tma, ws, rows, early = var
+                out.append(dict(kind=kind, point=list(pt), tma=tma, ws=ws, rows=rows,
+                                early=early, others="table", causal=causal))
         return out
     if which == "ws":
         for causal in (False, True):
@@ -306,8 +333,8 @@ def compile_shard(shard: int, shards: int, dtype, D: int, out_path: Path,
     todo = variants(which)[shard::shards]
     refs = {}
     with open(out_path, "a") as f:
-        for var in todo:
-            rec = dict(var)
+        for j, var in enumerate(todo):
+            rec = dict(var, index=shard + j * shards)
             t0 = time.time()
             try:
                 c = var["causal"]
@@ -328,6 +355,14 @@ def compile_shard(shard: int, shards: int, dtype, D: int, out_path: Path,
             rec["compile_s"] = round(time.time() - t0, 1)
             f.write(json.dumps(rec) + "\n")
             f.flush()
+
+
+def load_compiled(path: Path) -> list[dict]:
+    """The compile records in the set's order. The shards finish in any order; timing
+    follows the set's (a set that times the table's point first and last, or alternates it
+    with a candidate, brackets the machine's drift only if they are timed in that order)."""
+    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return sorted(recs, key=lambda r: r["index"])
 
 
 def _bench(fn) -> tuple[float, float]:
@@ -425,7 +460,7 @@ def main(argv=None) -> int:
         except subprocess.TimeoutExpired:
             pr.kill()
     compile_s = time.time() - t0
-    recs = [json.loads(line) for line in comp.read_text().splitlines() if line.strip()]
+    recs = load_compiled(comp)
     ok = [r for r in recs if r["ok"]]
     print(f"compiled {len(ok)}/{len(variants(args.set))} variants in {compile_s:.0f} s "
           f"({len(recs) - len(ok)} failed, {len(variants(args.set)) - len(recs)} not reached)",
