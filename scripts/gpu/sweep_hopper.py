@@ -148,7 +148,8 @@ WS_VARIANTS = [("fwd", (256, 64, 8, 3), True, False, False, False),
                ("dkdv", (128, 64, 8, 2), True, True, True, True)]
 # The "confirm128" and "confirm64" sets: the candidates that rounds 11 and 12 timed once
 # faster than the table, each alternated with the table's point (table, candidates, table,
-# candidates, table), so that every candidate time has a table time on either side. Each
+# candidates, table), so that every candidate time has a table time on either side; the
+# table's point and flags as of commit 7a2d11f, when those rounds ran. Each
 # (causal, table variant, candidate variants), a variant being (kind, point, tma, ws, rows,
 # early).
 CONFIRM = {
