@@ -130,8 +130,9 @@ D64_VARIANTS = [("fwd", (128, 64, 4, 3), False, False, False, False, False),
 # producer/consumer split of the loop, which newer Triton releases extend on Hopper), the
 # forward at 256-row tiles (two 128-row halves) and at the 128-row points such a split is
 # built for, 8 and 4 warps; the backward kernels at their table points with the split on;
-# the table's point first and last (the run's drift) and its descriptor form without the
-# split. Each (kind, point, tma, ws, rows, early).
+# the non-causal table's forward point (3 stages) first and last, for the causal rows too
+# (the causal table's has 4), and its descriptor form without the split. Each (kind, point,
+# tma, ws, rows, early).
 WS_TABLE = ("fwd", (256, 64, 8, 3), False, False, False, False)
 WS_VARIANTS = [("fwd", (256, 64, 8, 3), True, False, False, False),
                ("fwd", (256, 64, 8, 3), True, True, False, False),
@@ -172,6 +173,14 @@ SETS = ("tables", "rows", "early", "reduce", "occupancy", "dkdv4", "dq4", "dkdv6
 SET_D = {"dkdv64": 64, "d64": 64, "confirm64": 64}
 
 
+def _flagged(var: tuple, causal: bool, **over) -> dict:
+    """A variant given as (kind, point, tma, ws, rows, early), ``over`` replacing or adding
+    flags; the other kernel at its table point and flags."""
+    kind, pt, tma, ws, rows, early = var
+    return dict(kind=kind, point=list(pt), tma=tma, ws=ws, rows=rows, early=early,
+                others="table", causal=causal) | over
+
+
 def variants(which: str = "tables") -> list[dict]:
     if which not in SETS:
         raise ValueError(f"--set must be one of {SETS}, got {which!r}")
@@ -185,22 +194,16 @@ def variants(which: str = "tables") -> list[dict]:
         return out
     if which in CONFIRM:
         for causal, table, cands in CONFIRM[which]:
-            for var in [table] + (cands + [table]) * CONFIRM_REPEATS:
-                kind, pt, tma, ws, rows, early = var
-                out.append(dict(kind=kind, point=list(pt), tma=tma, ws=ws, rows=rows,
-                                early=early, others="table", causal=causal))
+            out += [_flagged(var, causal) for var in [table] + (cands + [table]) * CONFIRM_REPEATS]
         return out
     if which == "ws":
         for causal in (False, True):
-            for kind, pt, tma, ws, rows, early in [WS_TABLE] + WS_VARIANTS + [WS_TABLE]:
-                out.append(dict(kind=kind, point=list(pt), tma=tma, ws=ws, rows=rows,
-                                early=early and not causal, others="table", causal=causal))
+            out += [_flagged(var, causal, early=var[5] and not causal)
+                    for var in [WS_TABLE] + WS_VARIANTS + [WS_TABLE]]
         return out
     if which == "d64":
         for causal in (False, True):
-            for kind, pt, tma, ws, rows, early, halves in D64_VARIANTS:
-                out.append(dict(kind=kind, point=list(pt), tma=tma, ws=ws, rows=rows,
-                                early=early, halves=halves, others="table", causal=causal))
+            out += [_flagged(var[:6], causal, halves=var[6]) for var in D64_VARIANTS]
         return out
     if which == "dkdv64":
         table = [(128, 64, 8, 3)]  # HEURISTIC_TABLE's D <= 64 point before round 10
