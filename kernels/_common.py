@@ -241,8 +241,10 @@ ANY = None  # the causal column of a table row: matches causal and non-causal ca
 # earlier 128x64), dK/dV with 64 resident key rows and 64-row query tiles at 4 warps and 2
 # stages (two programs per multiprocessor: the whole backward 3-7 % faster non-causal, 4 %
 # causal than 128 key rows at 8 warps, sweep set "dkdv4"), dQ 128x64 with 3 stages; at
-# BLOCK_D <= 64 the dK/dV kernel also takes 64 key rows at 4 warps (3 stages, causal 2: the
-# whole backward 8 % and 13 % faster than 128x64 at 8 warps, sweep set "dkdv64"); the other
+# BLOCK_D <= 64 the dK/dV kernel also takes 64 key rows at 4 warps and 3 stages (the whole
+# backward 8 % and 13 % faster than 128x64 at 8 warps, sweep set "dkdv64"; causal, 2 stages
+# were 2 % faster on the pointer path, 3 stages with descriptors, ROWS and EARLY 3-4 % faster
+# than that, sweep sets "d64" and "confirm64"); the other
 # head dims follow Triton's fused-attention tutorial and FlashAttention-2 (half the stages at
 # D = 256).
 # fp32 uses IEEE dot products, which run on the FMA units and are unrolled per thread: the
@@ -258,8 +260,7 @@ HEURISTIC_TABLE = (
     ("fwd",   4,   64,         ANY,    (64, 32, 4, 2)),
     ("fwd",   4,   128,        ANY,    (32, 32, 8, 1)),
     ("fwd",   4,   256,        ANY,    (32, 16, 8, 1)),
-    ("dkdv",  2,   64,         False,  (64, 64, 4, 3)),
-    ("dkdv",  2,   64,         True,   (64, 64, 4, 2)),
+    ("dkdv",  2,   64,         ANY,    (64, 64, 4, 3)),
     ("dkdv",  2,   128,        ANY,    (64, 64, 4, 2)),
     ("dkdv",  2,   256,        ANY,    (64, 32, 8, 2)),
     ("dkdv",  4,   64,         ANY,    (32, 32, 4, 2)),
@@ -314,7 +315,8 @@ _mode = ["heuristic"]
 # schedule table allow, "on" wherever the layout allows (the interpreter included: the CPU
 # tests run the descriptor path), "off" never.
 TMA_MODES = ("auto", "on", "off")
-# Schedule flags, first row matching (kind, element size, BLOCK_D <= max_block_d): tma, read
+# Schedule flags, first row matching (kind, element size, BLOCK_D <= max_block_d, band: the
+# launch has a causal-like band, ANY for either): tma, read
 # the streamed tiles through tensor descriptors; ws, warp-specialise the tile loop (with TMA
 # only); reverse, launch the last tile first under a causal-like band (the forward's and dQ's
 # last query tiles see the most keys); rows, the dK/dV loop reads each query tile's lse and
@@ -327,37 +329,45 @@ TMA_MODES = ("auto", "on", "off")
 # backward kernels issue the dP product right after the scores' product, before the
 # exponentials (the same operations, in the same order per element): the dK/dV kernel's dV
 # product then runs while dS is formed, 3-4 % off the whole backward without a band (sweep
-# set "early"); with a causal-like band the kernel spills (ptxas: 276/340 bytes against 48/52)
-# and is 14 % slower, so the launcher takes it only without one; persist, the forward runs
+# set "early"); at D = 128 with a causal-like band the kernel spills (ptxas: 276/340 bytes
+# against 48/52) and is 14 % slower, so it is off there; persist, the forward runs
 # that many programs per multiprocessor (0: one per tile), each looping over query tiles in
 # the grid's dispatch order (no block launch or drain between tiles); halves, a forward tile
 # of under 256 rows is held as two halves too (both the forward's, bit-identical to the
-# plain path). Other head dims were not swept and keep the pointer path.
+# plain path). At D <= 64 (sweep rounds 12-13, D = 64, each alternated with the pointer
+# path): the dK/dV kernel with descriptors and ROWS, 4-6 % off the whole backward without a
+# band, and with EARLY too under one, 3-4 %; the dQ kernel with descriptors under a band,
+# 7-9 % (without one it is 12 % slower, so it stays on the pointer path there); all
+# bit-identical to the pointer path. Other head dims were not swept and keep the pointer path.
 SCHEDULE_TABLE = (
-    # kind    elem max_block_d tma    ws     reverse rows    early  persist halves
-    ("fwd",   2,   256,        False, False, True,   False,  False, 0,      False),
-    ("dkdv",  2,   64,         False, False, False,  False,  False, 0,      False),
-    ("dkdv",  2,   128,        True,  False, False,  True,   True,  0,      False),
-    ("dkdv",  2,   256,        False, False, False,  False,  False, 0,      False),
-    ("dq",    2,   64,         False, False, True,   False,  False, 0,      False),
-    ("dq",    2,   128,        True,  True,  True,   False,  False, 0,      False),
-    ("dq",    2,   256,        False, False, True,   False,  False, 0,      False),
-    ("fwd",   4,   256,        False, False, True,   False,  False, 0,      False),
-    ("dkdv",  4,   256,        False, False, False,  False,  False, 0,      False),
-    ("dq",    4,   256,        False, False, True,   False,  False, 0,      False),
+    # kind    elem max_block_d band  tma    ws     reverse rows    early  persist halves
+    ("fwd",   2,   256,        ANY,  False, False, True,   False,  False, 0,      False),
+    ("dkdv",  2,   64,         False, True, False, False,  True,   False, 0,      False),
+    ("dkdv",  2,   64,         True,  True, False, False,  True,   True,  0,      False),
+    ("dkdv",  2,   128,        False, True, False, False,  True,   True,  0,      False),
+    ("dkdv",  2,   128,        True,  True, False, False,  True,   False, 0,      False),
+    ("dkdv",  2,   256,        ANY,  False, False, False,  False,  False, 0,      False),
+    ("dq",    2,   64,         False, False, False, True,  False,  False, 0,      False),
+    ("dq",    2,   64,         True,  True, False, True,   False,  False, 0,      False),
+    ("dq",    2,   128,        ANY,  True,  True,  True,   False,  False, 0,      False),
+    ("dq",    2,   256,        ANY,  False, False, True,   False,  False, 0,      False),
+    ("fwd",   4,   256,        ANY,  False, False, True,   False,  False, 0,      False),
+    ("dkdv",  4,   256,        ANY,  False, False, False,  False,  False, 0,      False),
+    ("dq",    4,   256,        ANY,  False, False, True,   False,  False, 0,      False),
 )
 _tma_mode = [os.environ.get("FLASHCHECK_TMA", "auto")]
 
 
-def schedule(kind: str, elem: int, block_d: int) -> dict:
-    """The :data:`SCHEDULE_TABLE` flags of a launch:
+def schedule(kind: str, elem: int, block_d: int, band: bool = False) -> dict:
+    """The :data:`SCHEDULE_TABLE` flags of a launch (``band``: it has a causal-like band):
     ``{"tma", "ws", "reverse", "rows", "early", "persist", "halves"}``."""
     _check_kind(kind, block_d, elem)
-    for k, e, max_bd, tma_, ws, reverse, rows, early, persist, halves in SCHEDULE_TABLE:
-        if k == kind and e == elem and block_d <= max_bd:
+    for k, e, max_bd, b, tma_, ws, reverse, rows, early, persist, halves in SCHEDULE_TABLE:
+        if k == kind and e == elem and block_d <= max_bd and b in (ANY, bool(band)):
             return dict(tma=tma_, ws=ws, reverse=reverse, rows=rows, early=early,
                         persist=persist, halves=halves)
-    raise LookupError(f"no schedule for kind={kind}, block_d={block_d}, elem={elem}")
+    raise LookupError(f"no schedule for kind={kind}, block_d={block_d}, elem={elem}, "
+                      f"band={band}")
 
 
 def set_tma(mode: str) -> None:
@@ -378,10 +388,12 @@ def tma(mode: str):
         _tma_mode[0] = prev
 
 
-def use_tma(kind: str, device: torch.device, elem: int, block_d: int) -> bool:
-    """Whether a launch of ``kind`` on ``device`` with ``elem``-byte operands reads its tiles
-    through tensor descriptors (the layout is checked by the launcher): "on" always, "off"
-    never, "auto" on sm_90 and later where the :data:`SCHEDULE_TABLE` row says so."""
+def use_tma(kind: str, device: torch.device, elem: int, block_d: int,
+            band: bool = False) -> bool:
+    """Whether a launch of ``kind`` on ``device`` with ``elem``-byte operands (``band``: under
+    a causal-like band) reads its tiles through tensor descriptors (the layout is checked by
+    the launcher): "on" always, "off" never, "auto" on sm_90 and later where the
+    :data:`SCHEDULE_TABLE` row says so."""
     mode = _tma_mode[0]
     if mode == "off":
         return False
@@ -389,17 +401,17 @@ def use_tma(kind: str, device: torch.device, elem: int, block_d: int) -> bool:
         return True
     return (not INTERPRET and device.type == "cuda"
             and torch.cuda.get_device_capability(device)[0] >= 9
-            and schedule(kind, elem, block_d)["tma"])
+            and schedule(kind, elem, block_d, band)["tma"])
 
 
-def use_row_tma(kind: str, elem: int, block_d: int) -> bool:
+def use_row_tma(kind: str, elem: int, block_d: int, band: bool = False) -> bool:
     """Whether a launch that reads its tiles through descriptors (the caller has decided
     that with :func:`use_tma` and the layout) reads the per-row lse and delta through
     descriptors too: the dK/dV kernel only; "on" always, "auto" where the
     :data:`SCHEDULE_TABLE` row says so (the layout is checked by the launcher)."""
     if kind != "dkdv" or _tma_mode[0] == "off":
         return False
-    return _tma_mode[0] == "on" or schedule(kind, elem, block_d)["rows"]
+    return _tma_mode[0] == "on" or schedule(kind, elem, block_d, band)["rows"]
 
 
 def use_reduce(device: torch.device) -> bool:

@@ -995,20 +995,23 @@ def _hopper_flags(kind: str, p: Problem, q: torch.Tensor, streamed: tuple,
     programs per multiprocessor looping over the tiles (CUDA only; 0: one program per tile),
     and HALVES, a query tile of under 256 rows held as two halves too; for the backward
     kernels, EARLY, the dP product issued before the exponentials; for the dK/dV kernel,
-    ROWS, its row statistics ``rows`` (lse, delta) through descriptors too (with TMA)."""
-    bd, elem = block_d(p.D), q.element_size()
-    sched = _common.schedule(kind, elem, bd)
-    tma = _common.use_tma(kind, q.device, elem, bd) and _tma_layout_ok(*streamed)
+    ROWS, its row statistics ``rows`` (lse, delta) through descriptors too (with TMA). The
+    table's rows are chosen by kind, element size, head dim and whether the launch has a
+    causal-like band."""
+    bd, elem, band = block_d(p.D), q.element_size(), _band_args(p)[0]
+    sched = _common.schedule(kind, elem, bd, band)
+    tma = _common.use_tma(kind, q.device, elem, bd, band) and _tma_layout_ok(*streamed)
     flags = dict(TMA=tma, WS=bool(tma and sched["ws"]),
                  REVERSE=bool(sched["reverse"] and p.has_hi and not p.has_lo))
     if kind == "fwd":
         flags["PERSIST"] = sched["persist"] if q.is_cuda and not INTERPRET else 0
         flags["HALVES"] = bool(sched["halves"])
     else:
-        # Not under a band: its masked tile loop compiled beside the full one spills.
-        flags["EARLY"] = bool(sched["early"] and not _band_args(p)[0])
+        # Under a band only with descriptors: the banded kernel on the pointer path spills
+        # (its masked tile loop compiled beside the full one), and EARLY makes it worse.
+        flags["EARLY"] = bool(sched["early"] and (tma or not band))
     if kind == "dkdv":
-        flags["ROWS"] = bool(tma and _common.use_row_tma(kind, elem, bd)
+        flags["ROWS"] = bool(tma and _common.use_row_tma(kind, elem, bd, band)
                              and all(_rows_layout_ok(t) for t in rows))
     return flags
 

@@ -162,8 +162,8 @@ def _patch_for_h200() -> None:
     from flashcheck.kernels import _common
     _common.launch_point = lambda kind, bd, elem, causal, device: _common.fixed_point(
         kind, bd, elem, causal, H200_SMEM)
-    _common.use_tma = lambda kind, device, elem, bd: bool(
-        _common.schedule(kind, elem, bd)["tma"])
+    _common.use_tma = lambda kind, device, elem, bd, band=False: bool(
+        _common.schedule(kind, elem, bd, band)["tma"])
     _common.use_reduce = lambda device: True
     _common.sm_count = lambda device: 132  # the H200's multiprocessors
 

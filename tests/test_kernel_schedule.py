@@ -10,6 +10,8 @@ tile by pinning the forward's launch point; on CUDA the same tests run on the de
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from flashcheck.kernels import _common
@@ -212,16 +214,15 @@ def test_the_persistent_forward_and_smaller_halves_are_bit_identical(case, monke
 
 def test_schedule_table_covers_every_launch_and_rejects_bad_input():
     for kind in _common.KINDS:
-        for elem in (2, 4):
-            for bd in (16, 32, 64, 128, 256):
-                flags = _common.schedule(kind, elem, bd)
-                assert set(flags) == {"tma", "ws", "reverse", "rows", "early", "persist", "halves"}
-                assert not flags["ws"] or flags["tma"], "warp specialisation needs TMA"
-                assert not flags["early"] or kind != "fwd", "EARLY orders the backward's dP"
-                assert not (flags["persist"] or flags["halves"]) or kind == "fwd", \
-                    "PERSIST and HALVES are the forward's"
-                assert not flags["rows"] or (flags["tma"] and kind == "dkdv"), \
-                    "row statistics through descriptors: the dK/dV kernel's, with TMA"
+        for elem, bd, band in itertools.product((2, 4), (16, 32, 64, 128, 256), (False, True)):
+            flags = _common.schedule(kind, elem, bd, band)
+            assert set(flags) == {"tma", "ws", "reverse", "rows", "early", "persist", "halves"}
+            assert not flags["ws"] or flags["tma"], "warp specialisation needs TMA"
+            assert not flags["early"] or kind != "fwd", "EARLY orders the backward's dP"
+            assert not (flags["persist"] or flags["halves"]) or kind == "fwd", \
+                "PERSIST and HALVES are the forward's"
+            assert not flags["rows"] or (flags["tma"] and kind == "dkdv"), \
+                "row statistics through descriptors: the dK/dV kernel's, with TMA"
     with pytest.raises(ValueError, match="TMA mode must be one of"):
         _common.set_tma("sometimes")
     with pytest.raises(ValueError, match="kind must be one of"):
@@ -231,6 +232,30 @@ def test_schedule_table_covers_every_launch_and_rejects_bad_input():
         assert not _common.use_tma("dq", torch.device("cpu"), 2, 128)
     with _common.tma("off"):
         assert not _common.use_tma("dq", torch.device(DEVICE), 2, 128)
+
+
+def test_schedule_under_a_band_at_head_dim_64():
+    """Sweep rounds 12-13: at BLOCK_D <= 64 the dK/dV kernel reads through descriptors with
+    its row statistics, EARLY under a band only; the dQ kernel through descriptors under a
+    band only. At D = 128 EARLY stays off under a band (that kernel spills there)."""
+    for band in (False, True):
+        dkdv = _common.schedule("dkdv", 2, 64, band)
+        assert dkdv["tma"] and dkdv["rows"] and dkdv["early"] == band
+        assert _common.schedule("dq", 2, 64, band)["tma"] == band
+        assert _common.schedule("dkdv", 2, 128, band)["early"] == (not band)
+    assert _common.heuristic_point("dkdv", 64, 2, True) == (64, 64, 4, 3)
+
+
+@pytest.mark.parametrize("D, causal, mode, early", [
+    (64, True, "on", True), (64, True, "off", False), (64, False, "off", False),
+    (128, True, "on", False), (128, False, "on", True), (128, False, "off", True)])
+def test_early_under_a_band_only_with_descriptors(D, causal, mode, early):
+    q, k, v, _do = _inputs(32, 32, D, 2, 2)
+    p = _common.validate(q, k, v, None, 0.0, causal, None, False, None, "top_left")
+    with _common.tma(mode):
+        flags = fa._hopper_flags("dkdv", p, q, (q, q), rows=())
+    assert flags["TMA"] == (mode == "on")
+    assert flags["EARLY"] == early
 
 
 def test_autotune_pre_hook_gives_descriptors_the_config_block():
