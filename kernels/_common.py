@@ -232,7 +232,7 @@ def validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_g
 
 TUNING_MODES = ("heuristic", "autotune")
 KINDS = ("fwd", "dkdv", "dq")
-ANY = None  # the causal column of a table row: matches causal and non-causal calls
+ANY = None  # a table row's causal (or band) column: matches calls with and without
 
 # Heuristic mode: one config per call, the first row matching (kind, element size,
 # BLOCK_D <= max_block_d, causal). 2-byte rows at BLOCK_D = 128 are the fastest of the H200
