@@ -334,42 +334,38 @@ TMA_MODES = ("auto", "on", "off")
 # that many programs per multiprocessor (0: one per tile), each looping over query tiles in
 # the grid's dispatch order (no block launch or drain between tiles); halves, a forward tile
 # of under 256 rows is held as two halves too (both the forward's, bit-identical to the
-# plain path); ahead, the forward's loop over full key tiles issues tile j + 1's Q K^T
-# before tile j's softmax (with halves, staggered: half b's of tile j, then half a's of
-# tile j + 1), the same operations per row in the same order. At D <= 64 (sweep rounds
-# 12-13, D = 64, each alternated with the pointer path): the dK/dV kernel with descriptors
-# and ROWS, 4-6 % off the whole backward without a band, and with EARLY too under one,
-# 3-4 %; the dQ kernel with descriptors under a band, 7-9 % (without one it is 12 % slower,
-# so it stays on the pointer path there); all bit-identical to the pointer path. Other head
-# dims were not swept and keep the pointer path.
+# plain path). At D <= 64 (sweep rounds 12-13, D = 64, each alternated with the pointer
+# path): the dK/dV kernel with descriptors and ROWS, 4-6 % off the whole backward without a
+# band, and with EARLY too under one, 3-4 %; the dQ kernel with descriptors under a band,
+# 7-9 % (without one it is 12 % slower, so it stays on the pointer path there); all
+# bit-identical to the pointer path. Other head dims were not swept and keep the pointer path.
 SCHEDULE_TABLE = (
-    # kind    elem max_block_d band  tma    ws     reverse rows    early  persist halves ahead
-    ("fwd",   2,   256,        ANY,  False, False, True,   False,  False, 0,      False, False),
-    ("dkdv",  2,   64,         False, True, False, False,  True,   False, 0,      False, False),
-    ("dkdv",  2,   64,         True,  True, False, False,  True,   True,  0,      False, False),
-    ("dkdv",  2,   128,        False, True, False, False,  True,   True,  0,      False, False),
-    ("dkdv",  2,   128,        True,  True, False, False,  True,   False, 0,      False, False),
-    ("dkdv",  2,   256,        ANY,  False, False, False,  False,  False, 0,      False, False),
-    ("dq",    2,   64,         False, False, False, True,  False,  False, 0,      False, False),
-    ("dq",    2,   64,         True,  True, False, True,   False,  False, 0,      False, False),
-    ("dq",    2,   128,        ANY,  True,  True,  True,   False,  False, 0,      False, False),
-    ("dq",    2,   256,        ANY,  False, False, True,   False,  False, 0,      False, False),
-    ("fwd",   4,   256,        ANY,  False, False, True,   False,  False, 0,      False, False),
-    ("dkdv",  4,   256,        ANY,  False, False, False,  False,  False, 0,      False, False),
-    ("dq",    4,   256,        ANY,  False, False, True,   False,  False, 0,      False, False),
+    # kind    elem max_block_d band  tma    ws     reverse rows    early  persist halves
+    ("fwd",   2,   256,        ANY,  False, False, True,   False,  False, 0,      False),
+    ("dkdv",  2,   64,         False, True, False, False,  True,   False, 0,      False),
+    ("dkdv",  2,   64,         True,  True, False, False,  True,   True,  0,      False),
+    ("dkdv",  2,   128,        False, True, False, False,  True,   True,  0,      False),
+    ("dkdv",  2,   128,        True,  True, False, False,  True,   False, 0,      False),
+    ("dkdv",  2,   256,        ANY,  False, False, False,  False,  False, 0,      False),
+    ("dq",    2,   64,         False, False, False, True,  False,  False, 0,      False),
+    ("dq",    2,   64,         True,  True, False, True,   False,  False, 0,      False),
+    ("dq",    2,   128,        ANY,  True,  True,  True,   False,  False, 0,      False),
+    ("dq",    2,   256,        ANY,  False, False, True,   False,  False, 0,      False),
+    ("fwd",   4,   256,        ANY,  False, False, True,   False,  False, 0,      False),
+    ("dkdv",  4,   256,        ANY,  False, False, False,  False,  False, 0,      False),
+    ("dq",    4,   256,        ANY,  False, False, True,   False,  False, 0,      False),
 )
 _tma_mode = [os.environ.get("FLASHCHECK_TMA", "auto")]
 
 
 def schedule(kind: str, elem: int, block_d: int, band: bool = False) -> dict:
     """The :data:`SCHEDULE_TABLE` flags of a launch (``band``: it has a causal-like band):
-    ``{"tma", "ws", "reverse", "rows", "early", "persist", "halves", "ahead"}``."""
+    ``{"tma", "ws", "reverse", "rows", "early", "persist", "halves"}``."""
     _check_kind(kind, block_d, elem)
-    for (k, e, max_bd, b, tma_, ws, reverse, rows, early, persist, halves,
-         ahead) in SCHEDULE_TABLE:
+    for k, e, max_bd, b, tma_, ws, reverse, rows, early, persist, halves in SCHEDULE_TABLE:
         if k == kind and e == elem and block_d <= max_bd and b in (ANY, bool(band)):
             return dict(tma=tma_, ws=ws, reverse=reverse, rows=rows, early=early,
-                        persist=persist, halves=halves, ahead=ahead)
+                        persist=persist, halves=halves)
     raise LookupError(f"no schedule for kind={kind}, block_d={block_d}, elem={elem}, "
                       f"band={band}")
 

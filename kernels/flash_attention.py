@@ -217,39 +217,19 @@ def _softmax_step(qk, m_i, l_i, m_base, offs_m, offs_n, stride_mm, stride_mn, N_
 
 
 @triton.jit
-def _k_tile(k_base, offs_d, offs_n, start_n, stride_kn, stride_kd, N_CTX_K, HEAD_DIM,
-            MASKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-            PAD_D: tl.constexpr, desc_k, off_z, off_hk, TMA: tl.constexpr):
-    """K^T of key tile ``start_n`` (zeros outside the sequence and the head dim)."""
-    if TMA:
-        return _tma_tile(desc_k, off_z, off_hk, start_n, BLOCK_N, BLOCK_D).T
-    else:
-        return _load_2d(k_base + offs_d[:, None] * stride_kd + offs_n[None, :] * stride_kn,
-                        offs_d, offs_n, HEAD_DIM, N_CTX_K, PAD_D, MASKED)
-
-
-@triton.jit
-def _v_tile(v_base, offs_d, offs_n, start_n, stride_vn, stride_vd, N_CTX_K, HEAD_DIM,
-            MASKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-            PAD_D: tl.constexpr, desc_v, off_z, off_hk, TMA: tl.constexpr):
-    """V of key tile ``start_n`` (zeros outside the sequence and the head dim)."""
-    if TMA:
-        return _tma_tile(desc_v, off_z, off_hk, start_n, BLOCK_N, BLOCK_D)
-    else:
-        return _load_2d(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                        offs_n, offs_d, N_CTX_K, HEAD_DIM, MASKED, PAD_D)
-
-
-@triton.jit
 def _kv_tiles(k_base, v_base, offs_d, offs_n, start_n, stride_kn, stride_kd, stride_vn,
               stride_vd, N_CTX_K, HEAD_DIM, MASKED: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, PAD_D: tl.constexpr, desc_k, desc_v, off_z, off_hk,
               TMA: tl.constexpr):
     """K^T and V of key tile ``start_n`` (zeros outside the sequence and the head dim)."""
-    kT = _k_tile(k_base, offs_d, offs_n, start_n, stride_kn, stride_kd, N_CTX_K, HEAD_DIM,
-                 MASKED, BLOCK_N, BLOCK_D, PAD_D, desc_k, off_z, off_hk, TMA)
-    v = _v_tile(v_base, offs_d, offs_n, start_n, stride_vn, stride_vd, N_CTX_K, HEAD_DIM,
-                MASKED, BLOCK_N, BLOCK_D, PAD_D, desc_v, off_z, off_hk, TMA)
+    if TMA:
+        kT = _tma_tile(desc_k, off_z, off_hk, start_n, BLOCK_N, BLOCK_D).T
+        v = _tma_tile(desc_v, off_z, off_hk, start_n, BLOCK_N, BLOCK_D)
+    else:
+        kT = _load_2d(k_base + offs_d[:, None] * stride_kd + offs_n[None, :] * stride_kn,
+                      offs_d, offs_n, HEAD_DIM, N_CTX_K, PAD_D, MASKED)
+        v = _load_2d(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                     offs_n, offs_d, N_CTX_K, HEAD_DIM, MASKED, PAD_D)
     return kT, v
 
 
@@ -293,53 +273,6 @@ def _fwd_inner(acc, l_i, m_i, cnt, q, k_base, v_base, m_base, offs_m, start, end
 
 
 @triton.jit
-def _fwd_inner_ahead(acc, l_i, m_i, cnt, q, k_base, v_base, m_base, offs_m, start, end,
-                     stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
-                     N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
-                     MASKED: tl.constexpr, BAND: tl.constexpr,
-                     MASK_KIND: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
-                     desc_k, desc_v, off_z, off_hk, TMA: tl.constexpr, WS: tl.constexpr):
-    """``_fwd_inner`` with the next key tile's Q K^T issued before this tile's softmax, so
-    the tensor cores work on tile j + 1 while tile j's exponentials run. Per row, the same
-    operations in the same order as ``_fwd_inner``."""
-    offs_d = tl.arange(0, BLOCK_D)
-    if start < end:
-        last = start + ((end - start - 1) // BLOCK_N) * BLOCK_N
-        offs_n = start + tl.arange(0, BLOCK_N)
-        qk = tl.dot(q, _k_tile(k_base, offs_d, offs_n, start, stride_kn, stride_kd, N_CTX_K,
-                               HEAD_DIM, MASKED, BLOCK_N, BLOCK_D, PAD_D, desc_k, off_z,
-                               off_hk, TMA), input_precision=PRECISION)
-        for start_n in tl.range(start, last, BLOCK_N, warp_specialize=WS):
-            start_n = tl.multiple_of(start_n, BLOCK_N)
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            kT = _k_tile(k_base, offs_d, offs_n + BLOCK_N, start_n + BLOCK_N, stride_kn,
-                         stride_kd, N_CTX_K, HEAD_DIM, MASKED, BLOCK_N, BLOCK_D, PAD_D,
-                         desc_k, off_z, off_hk, TMA)
-            v = _v_tile(v_base, offs_d, offs_n, start_n, stride_vn, stride_vd, N_CTX_K,
-                        HEAD_DIM, MASKED, BLOCK_N, BLOCK_D, PAD_D, desc_v, off_z, off_hk, TMA)
-            qk_next = tl.dot(q, kT, input_precision=PRECISION)
-            p, alpha, l_i, m_i = _softmax_step(qk, m_i, l_i, m_base, offs_m, offs_n,
-                                               stride_mm, stride_mn, N_CTX_Q, N_CTX_K,
-                                               qk_scale, lo_off, hi_off, MASKED, BAND,
-                                               MASK_KIND)
-            acc = acc * alpha[:, None]
-            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
-            qk = qk_next
-            cnt += 1
-        offs_n = last + tl.arange(0, BLOCK_N)
-        v = _v_tile(v_base, offs_d, offs_n, last, stride_vn, stride_vd, N_CTX_K, HEAD_DIM,
-                    MASKED, BLOCK_N, BLOCK_D, PAD_D, desc_v, off_z, off_hk, TMA)
-        p, alpha, l_i, m_i = _softmax_step(qk, m_i, l_i, m_base, offs_m, offs_n, stride_mm,
-                                           stride_mn, N_CTX_Q, N_CTX_K, qk_scale, lo_off,
-                                           hi_off, MASKED, BAND, MASK_KIND)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
-        cnt += 1
-    return acc, l_i, m_i, cnt
-
-
-@triton.jit
 def _half_step(qk, m_i, l_i, acc, v, m_base, offs_h, offs_n, stride_mm, stride_mn, N_CTX_Q,
                N_CTX_K, qk_scale, lo_off, hi_off, MASKED: tl.constexpr, BAND: tl.constexpr,
                MASK_KIND: tl.constexpr, PRECISION: tl.constexpr):
@@ -371,60 +304,6 @@ def _fwd_inner_split(acc_a, l_a, m_a, acc_b, l_b, m_b, cnt, q_a, q_b, k_base, v_
                           stride_vn, stride_vd, N_CTX_K, HEAD_DIM, MASKED, BLOCK_N,
                           BLOCK_D, PAD_D, desc_k, desc_v, off_z, off_hk, TMA)
         qk_a = tl.dot(q_a, kT, input_precision=PRECISION)
-        qk_b = tl.dot(q_b, kT, input_precision=PRECISION)
-        acc_a, l_a, m_a = _half_step(qk_a, m_a, l_a, acc_a, v, m_base, offs_a, offs_n,
-                                     stride_mm, stride_mn, N_CTX_Q, N_CTX_K, qk_scale,
-                                     lo_off, hi_off, MASKED, BAND, MASK_KIND, PRECISION)
-        acc_b, l_b, m_b = _half_step(qk_b, m_b, l_b, acc_b, v, m_base, offs_b, offs_n,
-                                     stride_mm, stride_mn, N_CTX_Q, N_CTX_K, qk_scale,
-                                     lo_off, hi_off, MASKED, BAND, MASK_KIND, PRECISION)
-        cnt += 1
-    return acc_a, l_a, m_a, acc_b, l_b, m_b, cnt
-
-
-@triton.jit
-def _fwd_inner_split_ahead(acc_a, l_a, m_a, acc_b, l_b, m_b, cnt, q_a, q_b, k_base, v_base,
-                           m_base, offs_a, offs_b, start, end,
-                           stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
-                           N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
-                           MASKED: tl.constexpr, BAND: tl.constexpr,
-                           MASK_KIND: tl.constexpr, PRECISION: tl.constexpr,
-                           BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
-                           desc_k, desc_v, off_z, off_hk, TMA: tl.constexpr,
-                           WS: tl.constexpr):
-    """``_fwd_inner_split`` with the halves staggered: half b's Q K^T of tile j runs during
-    half a's softmax of tile j, and half a's Q K^T of tile j + 1 during half b's, so a
-    product is in flight during every softmax. Per row, the same operations in the same
-    order as ``_fwd_inner``."""
-    offs_d = tl.arange(0, BLOCK_D)
-    if start < end:
-        last = start + ((end - start - 1) // BLOCK_N) * BLOCK_N
-        offs_n = start + tl.arange(0, BLOCK_N)
-        qk_a = tl.dot(q_a, _k_tile(k_base, offs_d, offs_n, start, stride_kn, stride_kd,
-                                   N_CTX_K, HEAD_DIM, MASKED, BLOCK_N, BLOCK_D, PAD_D, desc_k,
-                                   off_z, off_hk, TMA), input_precision=PRECISION)
-        for start_n in tl.range(start, last, BLOCK_N, warp_specialize=WS):
-            start_n = tl.multiple_of(start_n, BLOCK_N)
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            kT, v = _kv_tiles(k_base, v_base, offs_d, offs_n, start_n, stride_kn, stride_kd,
-                              stride_vn, stride_vd, N_CTX_K, HEAD_DIM, MASKED, BLOCK_N,
-                              BLOCK_D, PAD_D, desc_k, desc_v, off_z, off_hk, TMA)
-            qk_b = tl.dot(q_b, kT, input_precision=PRECISION)
-            acc_a, l_a, m_a = _half_step(qk_a, m_a, l_a, acc_a, v, m_base, offs_a, offs_n,
-                                         stride_mm, stride_mn, N_CTX_Q, N_CTX_K, qk_scale,
-                                         lo_off, hi_off, MASKED, BAND, MASK_KIND, PRECISION)
-            kT_next = _k_tile(k_base, offs_d, offs_n + BLOCK_N, start_n + BLOCK_N, stride_kn,
-                              stride_kd, N_CTX_K, HEAD_DIM, MASKED, BLOCK_N, BLOCK_D, PAD_D,
-                              desc_k, off_z, off_hk, TMA)
-            qk_a = tl.dot(q_a, kT_next, input_precision=PRECISION)
-            acc_b, l_b, m_b = _half_step(qk_b, m_b, l_b, acc_b, v, m_base, offs_b, offs_n,
-                                         stride_mm, stride_mn, N_CTX_Q, N_CTX_K, qk_scale,
-                                         lo_off, hi_off, MASKED, BAND, MASK_KIND, PRECISION)
-            cnt += 1
-        offs_n = last + tl.arange(0, BLOCK_N)
-        kT, v = _kv_tiles(k_base, v_base, offs_d, offs_n, last, stride_kn, stride_kd,
-                          stride_vn, stride_vd, N_CTX_K, HEAD_DIM, MASKED, BLOCK_N,
-                          BLOCK_D, PAD_D, desc_k, desc_v, off_z, off_hk, TMA)
         qk_b = tl.dot(q_b, kT, input_precision=PRECISION)
         acc_a, l_a, m_a = _half_step(qk_a, m_a, l_a, acc_a, v, m_base, offs_a, offs_n,
                                      stride_mm, stride_mn, N_CTX_Q, N_CTX_K, qk_scale,
@@ -520,7 +399,7 @@ def _fwd_program(pid_m, off_bh, N_M, Q, K, V, M, O, LSE, STATS, DESC_K, DESC_V,
                  PRECISION: tl.constexpr, COUNT_TILES: tl.constexpr, BLOCK_D: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
                  EVEN_N: tl.constexpr, PAD_D: tl.constexpr, TMA: tl.constexpr,
-                 WS: tl.constexpr, HALVES: tl.constexpr, AHEAD: tl.constexpr):
+                 WS: tl.constexpr, HALVES: tl.constexpr):
     """The forward of query tile ``pid_m`` of batch x head ``off_bh`` (``N_M`` query tiles
     per head)."""
     off_z = (off_bh // H).to(tl.int64)
@@ -559,22 +438,13 @@ def _fwd_program(pid_m, off_bh, N_M, Q, K, V, M, O, LSE, STATS, DESC_K, DESC_V,
                 N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
                 True, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D,
                 DESC_K, DESC_V, off_z, off_hk, TMA, WS)
-        if AHEAD:
-            acc_a, l_a, m_a, acc_b, l_b, m_b, n_full = _fwd_inner_split_ahead(
-                acc_a, l_a, m_a, acc_b, l_b, m_b, n_full, q_a, q_b, k_base, v_base, m_base,
-                offs_a, offs_b, full_lo, full_hi,
-                stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
-                N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
-                False, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D,
-                DESC_K, DESC_V, off_z, off_hk, TMA, WS)
-        else:
-            acc_a, l_a, m_a, acc_b, l_b, m_b, n_full = _fwd_inner_split(
-                acc_a, l_a, m_a, acc_b, l_b, m_b, n_full, q_a, q_b, k_base, v_base, m_base,
-                offs_a, offs_b, full_lo, full_hi,
-                stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
-                N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
-                False, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D,
-                DESC_K, DESC_V, off_z, off_hk, TMA, WS)
+        acc_a, l_a, m_a, acc_b, l_b, m_b, n_full = _fwd_inner_split(
+            acc_a, l_a, m_a, acc_b, l_b, m_b, n_full, q_a, q_b, k_base, v_base, m_base,
+            offs_a, offs_b, full_lo, full_hi,
+            stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
+            N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
+            False, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D,
+            DESC_K, DESC_V, off_z, off_hk, TMA, WS)
         if BAND or not EVEN_N:
             acc_a, l_a, m_a, acc_b, l_b, m_b, n_edge = _fwd_inner_split(
                 acc_a, l_a, m_a, acc_b, l_b, m_b, n_edge, q_a, q_b, k_base, v_base, m_base,
@@ -598,20 +468,12 @@ def _fwd_program(pid_m, off_bh, N_M, Q, K, V, M, O, LSE, STATS, DESC_K, DESC_V,
                 N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
                 True, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D,
                 DESC_K, DESC_V, off_z, off_hk, TMA, WS)
-        if AHEAD:
-            acc, l_i, m_i, n_full = _fwd_inner_ahead(
-                acc, l_i, m_i, n_full, q, k_base, v_base, m_base, offs_m, full_lo, full_hi,
-                stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
-                N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
-                False, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D,
-                DESC_K, DESC_V, off_z, off_hk, TMA, WS)
-        else:
-            acc, l_i, m_i, n_full = _fwd_inner(
-                acc, l_i, m_i, n_full, q, k_base, v_base, m_base, offs_m, full_lo, full_hi,
-                stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
-                N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
-                False, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D,
-                DESC_K, DESC_V, off_z, off_hk, TMA, WS)
+        acc, l_i, m_i, n_full = _fwd_inner(
+            acc, l_i, m_i, n_full, q, k_base, v_base, m_base, offs_m, full_lo, full_hi,
+            stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn,
+            N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
+            False, BAND, MASK_KIND, PRECISION, BLOCK_N, BLOCK_D, PAD_D,
+            DESC_K, DESC_V, off_z, off_hk, TMA, WS)
         if BAND or not EVEN_N:
             acc, l_i, m_i, n_edge = _fwd_inner(
                 acc, l_i, m_i, n_edge, q, k_base, v_base, m_base, offs_m, full_hi, hi,
@@ -641,7 +503,7 @@ def _fwd_kernel_impl(Q, K, V, M, O, LSE, STATS, DESC_K, DESC_V,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr,
                 EVEN_N: tl.constexpr, PAD_D: tl.constexpr, ALIGNED: tl.constexpr,
                 TMA: tl.constexpr, WS: tl.constexpr, REVERSE: tl.constexpr,
-                PERSIST: tl.constexpr, HALVES: tl.constexpr, AHEAD: tl.constexpr):
+                PERSIST: tl.constexpr, HALVES: tl.constexpr):
     stride_qz, stride_qh, stride_qm = \
         _a16(stride_qz, ALIGNED), _a16(stride_qh, ALIGNED), _a16(stride_qm, ALIGNED)
     stride_kz, stride_kh, stride_kn = \
@@ -667,7 +529,7 @@ def _fwd_kernel_impl(Q, K, V, M, O, LSE, STATS, DESC_K, DESC_V,
                          stride_oz, stride_oh, stride_om, stride_od,
                          H, GROUP, N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
                          BAND, MASK_KIND, PRECISION, COUNT_TILES, BLOCK_D, BLOCK_M, BLOCK_N,
-                         EVEN_M, EVEN_N, PAD_D, TMA, WS, HALVES, AHEAD)
+                         EVEN_M, EVEN_N, PAD_D, TMA, WS, HALVES)
     else:
         _fwd_program(_tile_id(REVERSE), tl.program_id(1), tl.num_programs(0),
                      Q, K, V, M, O, LSE, STATS, DESC_K, DESC_V,
@@ -678,7 +540,7 @@ def _fwd_kernel_impl(Q, K, V, M, O, LSE, STATS, DESC_K, DESC_V,
                      stride_oz, stride_oh, stride_om, stride_od,
                      H, GROUP, N_CTX_Q, N_CTX_K, HEAD_DIM, qk_scale, lo_off, hi_off,
                      BAND, MASK_KIND, PRECISION, COUNT_TILES, BLOCK_D, BLOCK_M, BLOCK_N,
-                     EVEN_M, EVEN_N, PAD_D, TMA, WS, HALVES, AHEAD)
+                     EVEN_M, EVEN_N, PAD_D, TMA, WS, HALVES)
 
 
 # ----------------------------------------------------------------------------- backward
@@ -1144,7 +1006,6 @@ def _hopper_flags(kind: str, p: Problem, q: torch.Tensor, streamed: tuple,
     if kind == "fwd":
         flags["PERSIST"] = sched["persist"] if q.is_cuda and not INTERPRET else 0
         flags["HALVES"] = bool(sched["halves"])
-        flags["AHEAD"] = bool(sched["ahead"])
     else:
         # Under a band only with descriptors: the banded kernel on the pointer path spills
         # (its masked tile loop compiled beside the full one), and EARLY makes it worse.

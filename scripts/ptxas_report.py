@@ -42,7 +42,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 H200_SMEM = 232448  # the H200's opt-in shared memory per block (bytes)
 SHAPE = dict(B=16, H=16, N=4096)  # the benchmark shape (kernels.bench, sweep_hopper)
 SHOWN = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "TMA", "WS", "REVERSE", "BAND", "ATOMIC_DQ", "ROWS",
-         "EARLY", "PERSIST", "HALVES", "AHEAD")
+         "EARLY", "PERSIST", "HALVES")
 KERNELS = {"fwd": "_fwd_kernel_impl", "dkdv": "_bwd_dkdv_kernel_impl",
            "dq": "_bwd_dq_kernel_impl"}
 
@@ -208,8 +208,7 @@ def run(*, D: int, dtype: torch.dtype, sweep: bool, ptx_dir: Path | None,
                         f"{' atomic' if var.get('atomic') else ''}"
                         f"{' reduce' if var.get('reduce') else ''}"
                         f"{' persist=' + str(var['persist']) if var.get('persist') else ''}"
-                        f"{' halves' if var.get('halves') else ''}"
-                        f"{' ahead' if var.get('ahead') else ''}") + f" causal={causal}"
+                        f"{' halves' if var.get('halves') else ''}") + f" causal={causal}"
             # The table's launch as it is; a sweep variant forced as the sweep forces it.
             try:
                 with contextlib.nullcontext() if var is None else sw._forced(var):

@@ -212,34 +212,15 @@ def test_the_persistent_forward_and_smaller_halves_are_bit_identical(case, monke
         assert torch.equal(plain[16][0], got[0]) and torch.equal(plain[16][1], got[1]), persist
 
 
-@pytest.mark.parametrize("case", range(len(CASES)))
-def test_the_look_ahead_forward_is_bit_identical(case, monkeypatch):
-    # AHEAD: tile j + 1's Q K^T issued before tile j's softmax in the loop over full key
-    # tiles (16-row tiles), and the staggered halves (32- and 256-row tiles): the same bits
-    # and the same edge/full tile counts as the plain loops. The cases' full ranges hold 0 to
-    # 4 key tiles per query tile (an empty range, the epilogue alone, and the loop).
-    Nq, Nk, D, Hq, Hkv, kw = CASES[case]
-    q, k, v, _do = _inputs(Nq, Nk, D, Hq, Hkv, seed=50 + case)
-    p = _common.validate(q, k, v, None, 0.0, kw.get("is_causal", False), None,
-                         kw.get("enable_gqa", False), kw.get("window"),
-                         kw.get("causal_alignment", "top_left"))
-    for rows, halves in ((16, False), (32, True), (256, False)):
-        plain = _forced_forward(monkeypatch, q, k, v, p, rows, HALVES=halves, AHEAD=False)
-        ahead = _forced_forward(monkeypatch, q, k, v, p, rows, HALVES=halves, AHEAD=True)
-        for name, a, b in zip(("out", "lse", "tile counts"), plain, ahead, strict=True):
-            assert torch.equal(a, b), (rows, halves, name)
-
-
 def test_schedule_table_covers_every_launch_and_rejects_bad_input():
     for kind in _common.KINDS:
         for elem, bd, band in itertools.product((2, 4), (16, 32, 64, 128, 256), (False, True)):
             flags = _common.schedule(kind, elem, bd, band)
-            assert set(flags) == {"tma", "ws", "reverse", "rows", "early", "persist", "halves",
-                                  "ahead"}
+            assert set(flags) == {"tma", "ws", "reverse", "rows", "early", "persist", "halves"}
             assert not flags["ws"] or flags["tma"], "warp specialisation needs TMA"
             assert not flags["early"] or kind != "fwd", "EARLY orders the backward's dP"
-            assert not (flags["persist"] or flags["halves"] or flags["ahead"]) \
-                or kind == "fwd", "PERSIST, HALVES and AHEAD are the forward's"
+            assert not (flags["persist"] or flags["halves"]) or kind == "fwd", \
+                "PERSIST and HALVES are the forward's"
             assert not flags["rows"] or (flags["tma"] and kind == "dkdv"), \
                 "row statistics through descriptors: the dK/dV kernel's, with TMA"
     with pytest.raises(ValueError, match="TMA mode must be one of"):

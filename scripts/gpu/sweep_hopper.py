@@ -167,23 +167,8 @@ CONFIRM = {
                     ("dq", (128, 64, 8, 3), True, True, False, False)])],
 }
 CONFIRM_REPEATS = 2
-# The "ahead" set: the forward's loop over full key tiles with tile j + 1's Q K^T issued
-# before tile j's softmax (AHEAD; the 256-row tile's halves staggered instead: half b's
-# product of tile j during half a's softmax, half a's of tile j + 1 during half b's), at the
-# table's points and at the 128-row points where the scores of two tiles fit in registers,
-# each alternated with the table's point (table, candidates, table, candidates, table). Each
-# (causal, table variant, candidate variants), a variant being (kind, point, tma, ws, rows,
-# early); every candidate runs with AHEAD.
-AHEAD = [(causal, ("fwd", (256, 64, 8, stages), False, False, False, False),
-          [("fwd", (256, 64, 8, stages), False, False, False, False),
-           ("fwd", (256, 64, 8, stages), True, False, False, False),
-           ("fwd", (128, 128, 8, 3), True, False, False, False),
-           ("fwd", (128, 128, 8, 2), True, False, False, False),
-           ("fwd", (128, 64, 8, 3), False, False, False, False),
-           ("fwd", (128, 64, 8, 3), True, False, False, False)])
-         for causal, stages in ((False, 3), (True, 4))]
 SETS = ("tables", "rows", "early", "reduce", "occupancy", "dkdv4", "dq4", "dkdv64", "d64", "ws",
-        *CONFIRM, "ahead")
+        *CONFIRM)
 # The head dim each set is run with unless --d says otherwise.
 SET_D = {"dkdv64": 64, "d64": 64, "confirm64": 64}
 
@@ -206,11 +191,6 @@ def variants(which: str = "tables") -> list[dict]:
             for pt, ws, early in table + [(pt, False, e) for pt, e in DQ4] + table:
                 out.append(dict(kind="dq", point=list(pt), tma=True, ws=ws, early=early,
                                 others="table", causal=causal))
-        return out
-    if which == "ahead":
-        for causal, table, cands in AHEAD:
-            ahead = [_flagged(var, causal, ahead=True) for var in cands]
-            out += [_flagged(table, causal)] + (ahead + [_flagged(table, causal)]) * 2
         return out
     if which in CONFIRM:
         for causal, table, cands in CONFIRM[which]:
@@ -287,7 +267,7 @@ def variants(which: str = "tables") -> list[dict]:
 
 def _forced(var: dict | None):
     """Context: the package launches ``var`` for its kind (point, TMA, WS, ROWS, EARLY,
-    PERSIST, HALVES, AHEAD);
+    PERSIST, HALVES);
     every other kind at the table's point, on the pointer path unless ``var["others"]`` is
     "table" (then with the table's flags too)."""
     from flashcheck.kernels import _common
@@ -311,7 +291,7 @@ def _forced(var: dict | None):
                 mine = var is not None and kind == var["kind"]
                 if var is not None and not mine and var.get("others") == "table":
                     return flags
-                for name in ("EARLY", "HALVES", "AHEAD"):
+                for name in ("EARLY", "HALVES"):
                     if name in flags:
                         flags[name] = bool(mine and var.get(name.lower()))
                 if "PERSIST" in flags:
@@ -442,7 +422,6 @@ def time_all(dtype, D: int, compiled: list[dict], log) -> dict:
                 log(f"{var['kind']} {var['point']} tma={var['tma']} ws={var['ws']} "
                     f"rows={bool(var.get('rows'))} early={bool(var.get('early'))} "
                     f"persist={var.get('persist', 0)} halves={bool(var.get('halves'))} "
-                    f"ahead={bool(var.get('ahead'))} "
                     f"reduce={var.get('reduce')} "
                     f"atomic={bool(var.get('atomic'))} causal={causal}: "
                     f"{rec.get('ms', rec.get('time_error'))}")
@@ -508,8 +487,7 @@ def main(argv=None) -> int:
     for key, r in best.items():
         print("best", key, r["point"], "tma", r["tma"], "ws", r["ws"], "rows",
               bool(r.get("rows")), "early", bool(r.get("early")), "persist",
-              r.get("persist", 0), "halves", bool(r.get("halves")), "ahead",
-              bool(r.get("ahead")), f"{r['ms']:.3f} ms",
+              r.get("persist", 0), "halves", bool(r.get("halves")), f"{r['ms']:.3f} ms",
               flush=True)
     return 0
 
