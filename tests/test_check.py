@@ -329,6 +329,59 @@ def test_finite_where_the_exact_value_overflows_is_judged_by_the_tolerance():
     assert not bad.tensors["dq"].passed
 
 
+# A member finite where others overflow: fp16 dq[0, 0, 1, 6] exact -115843 (past fp16's
+# range); the default members give -inf, q_prescaled (the control's choice) -62752. Found
+# by searching normal(50) inputs with normal(300) dO for elements where the members split;
+# the controls campaign at seed 216099322 met one like it (q_prescaled's dq at 1.96x).
+MEMBERS_SPLIT = Case(B=1, Hq=1, Hkv=1, Nq=16, Nk=16, D=8, dtype="float16",
+                     dist={"kind": "normal", "sigma": 50.0},
+                     grad_dist={"kind": "normal", "sigma": 300.0}, seed=587976)
+
+
+class _Bump(torch.autograd.Function):
+    """Identity on q; adds ``delta`` to dq at ``idx``."""
+
+    @staticmethod
+    def forward(ctx, q, idx, delta):
+        ctx.idx, ctx.delta = idx, delta
+        return q.view_as(q)
+
+    @staticmethod
+    def backward(ctx, g):
+        g = g.clone()
+        g[ctx.idx] += ctx.delta
+        return g, None, None
+
+
+def test_a_members_finite_result_counts_where_another_member_overflows():
+    """Where one member overflows and another does not, the finite member's error is that
+    element's allowance (K x it, ``tol_source`` "spread"), not part of the tensor-wide
+    worst: a kernel making the finite member's choice passes; 4x its error fails; and an
+    error elsewhere in dq is judged as before (a bump of 5000 on an element where every
+    member is finite and the tolerance is its floor, 1754, fails; a tensor-wide allowance of
+    K x 53,000 would have excused it)."""
+    from flashcheck.verify.controls.q_prescaled import attention as q_prescaled
+
+    v = check_case(q_prescaled, MEMBERS_SPLIT, "cpu")
+    assert v.status == "pass", v.summary()
+    dq = v.tensors["dq"]
+    assert dq.tol_source == "spread" and dq.worst_index == (0, 0, 1, 6), dq
+    assert dq.got == -62752 and round(dq.want) == -115843, dq
+    worse = amplified(q_prescaled, 4.0)
+    worse.capabilities = dict(q_prescaled.capabilities)
+    bad = check_case(worse, MEMBERS_SPLIT, "cpu")  # its dq there: inf (4x past the range)
+    assert bad.status == "fail" and not bad.tensors["dq"].passed, bad.summary()
+
+    def bumped(query, key, value, *a, **kw):
+        return q_prescaled(_Bump.apply(query, (0, 0, 3, 2), 5000.0), key, value, *a, **kw)
+
+    bumped.capabilities = dict(q_prescaled.capabilities)
+    off = check_case(bumped, MEMBERS_SPLIT, "cpu")
+    assert (off.status, off.failure) == ("fail", "numerical"), off.summary()
+    assert off.tensors["dq"].worst_index == (0, 0, 3, 2), off.tensors["dq"]
+    assert off.tensors["dq"].tol_source == "floor"
+
+
 FUSED_EXP_BIAS = Case(B=1, Hq=2, Hkv=2, Nq=16, Nk=16, D=96, dtype="float16", window=(0, 0),
                       mask={"kind": "bias", "shape": "bqk", "neginf_prob": 0.0,
                             "neginf_first_tile": False, "tile": 16}, scale=2.0,

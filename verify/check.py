@@ -141,9 +141,10 @@ class TensorReport:
     member: str = ""
     rmse_member: str = ""
     # What set ``tol`` at the worst element: "family" (K x the members' worst error),
-    # "floor" (every member near exact there, section 6 of docs/bounds.md) or "flush" (an
+    # "floor" (every member near exact there, section 6 of docs/bounds.md), "flush" (an
     # element in the flush-to-zero regime: the ftz member's row allowance, the a-priori
-    # flush allowance, or a 0 at the subnormal threshold).
+    # flush allowance, or a 0 at the subnormal threshold) or "spread" (an element where a
+    # member overflows and others do not: K x the finite members' error there).
     tol_source: str = ""
 
     def to_dict(self) -> dict:
@@ -164,8 +165,10 @@ class TensorReport:
         if self.name in K_RULE and math.isfinite(self.baseline_err) and self.baseline_err > 0:
             k = K_RULE[self.name]
             member = f"family member {self.member or 'baseline'} {self.baseline_err:.1e}"
-            if self.tol_source in ("floor", "flush"):
-                what = "floor" if self.tol_source == "floor" else "flush-to-zero allowance"
+            if self.tol_source in ("floor", "flush", "spread"):
+                what = {"floor": "floor", "flush": "flush-to-zero allowance",
+                        "spread": "the error of the members finite where another "
+                                  "overflows"}[self.tol_source]
                 rule = f" = {what}; {k:g} × {member} is {k * self.baseline_err:.1e}"
             else:
                 rule = f" = {self.tol / self.baseline_err:.2g} × {member}"
@@ -364,14 +367,19 @@ def _family(inputs: Inputs, ref: dict, backward: bool, *, tf32: bool,
 
     Returns, per tensor: (worst max abs error, worst RMSE) over the members, the members
     that set them, the baseline member's error tensor (for :func:`effective_samples`), the
-    flush-to-zero allowance, where a member overflows (below), and the device buffers to
-    poison. A member whose result is ±inf where the exact value is finite rounded a value
-    near the dtype's largest finite number past the overflow threshold: a correct kernel
-    can do the same, so that inf is accepted from the kernel too (``overflow``: per tensor
-    the member's ±inf there, 0 elsewhere). Every element where some member is not finite
-    (an inf, or a NaN from an intermediate overflow, which stays a failure for the kernel)
-    is left out of the members' error statistics: a non-finite error there would make the
-    whole tensor's tolerance inf or NaN. The
+    flush-to-zero allowance, where a member overflows (below), the per-element spread
+    there, and the device buffers to poison. A member whose result is ±inf where the exact
+    value is finite rounded a value near the dtype's largest finite number past the overflow
+    threshold: a correct kernel can do the same, so that inf is accepted from the kernel too
+    (``overflow``: per tensor the member's ±inf there, 0 elsewhere). Every element where
+    some member is not finite (an inf, or a NaN from an intermediate overflow, which stays a
+    failure for the kernel) is left out of the members' tensor-wide error statistics: a
+    non-finite error there would make the whole tensor's tolerance inf or NaN. The members
+    that stay finite there are still correct answers: ``spread`` holds, per tensor, the
+    largest of their errors at each such element (0 elsewhere) and where those elements
+    are, so that a kernel's value there is judged by them, element by element (fp16 dq
+    where the exact value is -296587: the defaults give -inf, the q_prescaled member
+    -60352, a kernel that prescales Q the same). The
     flush-to-zero member is not part of the tensor-wide worst: where it flushes, its error
     is the size of the flushed values themselves (up to 1e6x the other members' on tiny
     inputs), which would excuse anything anywhere. It counts per element instead, on the
@@ -392,7 +400,7 @@ def _family(inputs: Inputs, ref: dict, backward: bool, *, tf32: bool,
                      members=members, **kw)
     names = [m for m in res if m != FTZ_MEMBER]
     tensors = ["out", *GRADS] if backward else ["out"]
-    stats, err_t, ftz, overflow = [], {}, {}, {}
+    stats, err_t, ftz, overflow, spread = [], {}, {}, {}, {}
     zero = torch.zeros((), dtype=torch.float64, device=q.device)
     for n in tensors:
         finite_ref = torch.isfinite(ref[n])
@@ -404,9 +412,17 @@ def _family(inputs: Inputs, ref: dict, backward: bool, *, tf32: bool,
                 ovf = torch.isinf(res[m][n]) & finite_ref
                 val = res[m][n].to(torch.float64)
                 overflow[n] = torch.where(ovf, val, overflow.get(n, zero))
+        allow = None
         for m in names:
             e = abs_error(res[m][n], ref[n])  # stays on the device
             if lost is not None:
+                # A member finite where another is not: its error there is its own
+                # element's allowance (the spread of the members that stayed finite), not
+                # part of the tensor-wide worst (one element beyond the dtype's range would
+                # set every element's tolerance).
+                fin = lost & torch.isfinite(res[m][n])
+                mine = torch.where(fin, e, zero)
+                allow = mine if allow is None else torch.maximum(allow, mine)
                 e = torch.where(lost, zero, e)
             if m == BASELINE_MEMBER:
                 err_t[n] = e
@@ -427,6 +443,8 @@ def _family(inputs: Inputs, ref: dict, backward: bool, *, tf32: bool,
                 e, touched = (e.amax(-1, keepdim=True).expand_as(e),
                               touched.any(-1, keepdim=True).expand_as(touched))
             ftz[n] = (e, touched)
+        if lost is not None and allow is not None:
+            spread[n] = (allow, lost)
     flat = torch.stack(stats).tolist() if stats else []  # one transfer: each float() syncs
     errs, who = {}, {}
     for i, n in enumerate(tensors):
@@ -436,7 +454,7 @@ def _family(inputs: Inputs, ref: dict, backward: bool, *, tf32: bool,
                                                                  key=rm.__getitem__)
         errs[n], who[n] = (mx[j], rm[k]), (names[j], names[k])
     scratch = [t for r in res.values() for t in r.values()]
-    return errs, who, err_t, ftz, overflow, scratch
+    return errs, who, err_t, ftz, overflow, spread, scratch
 
 
 def _check_output(name: str, t, like: torch.Tensor, want_shape) -> str | None:
@@ -456,14 +474,17 @@ def _report(name: str, got: torch.Tensor, want: torch.Tensor, tol: torch.Tensor,
             out_dtype, n_eff: float = math.nan,
             members: tuple[str, str] = ("", ""),
             flushed: torch.Tensor | None = None,
-            overflow: torch.Tensor | None = None, flush_ok: bool = False) -> TensorReport:
+            overflow: torch.Tensor | None = None, flush_ok: bool = False,
+            spread: torch.Tensor | None = None) -> TensorReport:
     """``flushed``: the elements the flush-to-zero member changed; they are judged by its
     per-element allowance (in ``tol``) and left out of the RMSE rule. ``overflow``: ±inf
     where a family member overflowed (``_family``), 0 elsewhere: the same inf from the
     kernel is accepted there. ``flush_ok`` (the default subnormal policy): a 0 where the
     exact value is within the element's tolerance of the output dtype's subnormal range is
     a flushed result that a correct kernel could have computed as a subnormal; it counts as
-    exact and, like the flushed elements, is left out of the RMSE."""
+    exact and, like the flushed elements, is left out of the RMSE. ``spread``: the elements
+    judged by the members that stayed finite where another overflowed (in ``tol`` and
+    ``flushed`` too)."""
     # An exact value beyond the output dtype's range rounds to +-inf under IEEE: that inf is
     # the correctly rounded answer, not a non-finite failure. A finite value there is judged
     # against the exact one, by the tolerance: a correct kernel's rounding can keep it just
@@ -523,7 +544,9 @@ def _report(name: str, got: torch.Tensor, want: torch.Tensor, tol: torch.Tensor,
     baseline_err, baseline_rmse = baseline if baseline is not None else (math.nan, math.nan)
     source = ""
     if idx:
-        if flushed is not None and bool(flushed.flatten()[flat]):
+        if spread is not None and bool(spread.flatten()[flat]):
+            source = "spread"
+        elif flushed is not None and bool(flushed.flatten()[flat]):
             source = "flush"
         elif name in K_RULE and tol_v > K_RULE[name] * baseline_err * (1 + 1e-6):
             source = "floor"
@@ -686,7 +709,7 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
                   declared=k.declared.get("family", ()))
     if baseline:
         with clock("baseline"):
-            base_errs, members, base_err_t, ftz, overflow, scratch = _family(
+            base_errs, members, base_err_t, ftz, overflow, spread, scratch = _family(
                 inp, ref_dev, backward, **fam_kw,
                 only=(BASELINE_MEMBER,) if family == "lazy" else None)
     with clock("bounds"):
@@ -715,13 +738,17 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
                 n_eff[n] = effective_samples(base_err_t[n], model[n].n_sources)
 
         flushed: dict[str, torch.Tensor] = {}
+        spread_at: dict[str, torch.Tensor] = {}
 
-        def tolerances(errs: dict, ftz: dict) -> tuple[dict, dict]:
+        def tolerances(errs: dict, ftz: dict, spread: dict) -> tuple[dict, dict]:
             """Tolerances, RMSE tolerances, and in ``flushed`` the elements in the
             flush-to-zero regime (changed by the ftz member, or where the flush allowance
-            exceeds K x the members' error): judged elementwise, left out of the RMSE."""
+            exceeds K x the members' error): judged elementwise, left out of the RMSE.
+            Likewise, in ``spread_at``, the elements where a member overflows and another
+            does not: K x the finite members' error there (``_family``'s spread)."""
             tols, rms_tols = {}, {}
             flushed.clear()
+            spread_at.clear()
             for n in ref:
                 base = errs.get(n)
                 floor, floor_acc, share = floors[n]
@@ -734,13 +761,18 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
                     if base is not None and n in K_RULE:
                         beyond = (allow > K_RULE[n] * base[0]).expand(tols[n].shape)
                         mask = beyond if mask is None else mask | beyond
+                if n in spread and n in K_RULE:
+                    allow, at = spread[n]
+                    tols[n] = torch.maximum(tols[n], K_RULE[n] * allow.to(tols[n].device))
+                    spread_at[n] = at
+                    mask = at if mask is None else mask | at
                 if mask is not None:
                     flushed[n] = mask
                 rms_tols[n] = rms_tolerance(n, floor_acc, None if base is None else base[1],
                                             apr[n], n_eff.get(n, math.inf), share)
             return tols, rms_tols
 
-        tols, rms_tols = tolerances(base_errs, ftz)
+        tols, rms_tols = tolerances(base_errs, ftz, spread)
     _poison(*ref_dev.values(), *scratch, *(x for b in model.values()
                                            for x in (b.floor, b.apriori, b.floor_acc)))
     del ref_dev, scratch, model
@@ -820,17 +852,17 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
                     n, got[n], ref[n], tols[n], apr[n], base_errs.get(n), rms_tols[n],
                     got[n].dtype if n == "lse" else out_dtype, n_eff.get(n, math.nan),
                     members.get(n, ("", "")), flushed.get(n), overflow.get(n),
-                    flush_ok=not strict_subnormals and n != "lse")
+                    flush_ok=not strict_subnormals and n != "lse", spread=spread_at.get(n))
 
     judge()
     if baseline and family == "lazy" and any(not t.passed for t in verdict.tensors.values()):
         # Off against the baseline member (or an inf it does not share): the whole family
         # decides.
         with clock("family"):
-            base_errs, members, _, ftz, overflow, scratch = _family(fresh(), ref, backward,
-                                                                    **fam_kw)
+            base_errs, members, _, ftz, overflow, spread, scratch = _family(
+                fresh(), ref, backward, **fam_kw)
             del scratch
-            tols, rms_tols = tolerances(base_errs, ftz)
+            tols, rms_tols = tolerances(base_errs, ftz, spread)
         judge()
     flushed = {n: k for n in verdict.tensors if n != "lse"
                for k in [_flushed_subnormals(got[n], ref[n], out_dtype)] if k}
