@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 
 import pytest
 import torch
@@ -435,6 +436,34 @@ def test_flex_eager_unfused_softmax_is_judged_by_its_member():
     worse = {"out": (exact + 3.5 * (out.double() - exact)).to(torch.bfloat16)}
     far = check_case(_stored_kernel(worse, ()), case, "cpu", family="full")
     assert far.status == "fail" and not far.tensors["out"].passed, (far.status, far.reason)
+
+
+@pytest.mark.skipif(os.environ.get("MKL_CBWR") != "AVX2",
+                    reason="the GEMM blocking that differs is MKL's under MKL_CBWR=AVX2 (the "
+                           "pins of tox -e controls); other kernels sum this case alike")
+def test_grads_input_dtype_control_declares_its_backward_scores():
+    """The grads_input_dtype control recomputes the backward's scores per 32-row, 512-key
+    GEMM where its forward used the base's tiles: another summation order of QKᵀ, the
+    bwd_scores choice, which PyTorch's CPU flash backward (the kernel it models) declares
+    too. fp32, normal(5), dO normal(100): dv 1.08x the rule without it (a controls
+    campaign's seed met the same at 1.03x); declared, the case passes."""
+    from flashcheck.verify.check import check_case
+    from flashcheck.verify.controls.grads_input_dtype import attention
+
+    assert "bwd_scores_k16" in attention.capabilities["family"]
+    case = Case(B=1, Hq=1, Hkv=1, Nq=40, Nk=40, D=32, dtype="float32",
+                dist={"kind": "normal", "sigma": 5.0},
+                grad_dist={"kind": "normal", "sigma": 100.0}, seed=876502)
+    v = check_case(attention, case, "cpu")
+    assert v.status == "pass", v.summary()
+    fam = tuple(f for f in attention.capabilities["family"] if f != "bwd_scores_k16")
+
+    def undeclared(*a, **kw):
+        return attention(*a, **kw)
+
+    undeclared.capabilities = dict(attention.capabilities, family=fam)
+    bad = check_case(undeclared, case, "cpu")
+    assert bad.status == "fail" and not bad.tensors["dv"].passed, bad.summary()
 
 
 def test_cpu_flash_sdpa_backward_scores_are_judged_by_their_member():

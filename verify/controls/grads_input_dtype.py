@@ -12,7 +12,8 @@ MQA 3/1, 35 query rows: 6 roundings of dV where rounding per head makes 3).
 Here the loops are written in that order (heads of a group outer, query tiles, key tiles
 inner), independently of the family's model, which forms the same sums with the key tiles
 outer (reference/online.py, ``accumulate="input_dtype"``). The forward is the mutant base's.
-It declares the choice (``capabilities["family"]``, member ``grads_input_dtype``).
+It declares the choice (``capabilities["family"]``, member ``grads_input_dtype``), and the
+backward's recomputed scores (``bwd_scores_k16``).
 """
 
 import torch
@@ -24,7 +25,10 @@ _KEYS = 512  # keys per tile
 
 
 class _GradsInputDtype(BlockedAttention):
-    capabilities = full_capabilities(family=("grads_input_dtype",))
+    # Its backward recomputes QKᵀ per 32-row, 512-key GEMM where the forward used the mutant
+    # base's tiles: another summation order of the scores, the bwd_scores choice, which the
+    # PyTorch kernel it models declares too (fp32, normal(5), D 32: dv 1.08x without it).
+    capabilities = full_capabilities(family=("grads_input_dtype", "bwd_scores_k16"))
 
     def _backward_pass(self, query, key, value, bias, out, lse, grad_out, p):
         dtype = query.dtype
