@@ -16,11 +16,12 @@ each member, real kernels that make its choice.
   the :data:`OPT_IN` members (``q_prescaled``,
   ``q_exp2_prescaled``, ``split_kv``, ``bwd_scores_k16``, ``qk_sqrt_scaled``,
   ``fp32_fma_chain``, ``fp32_3xtf32``, ``bias_fma_split``, ``p_normalized``,
-  ``grads_input_dtype``) only when the kernel declares them (``fp32_fma_chain`` and
-  ``fp32_3xtf32`` for fp32 inputs without TF32 only, ``p_normalized`` and
-  ``grads_input_dtype`` below fp32 only);
+  ``grads_input_dtype``, ``fwd_fast_exp``) only when the kernel declares them
+  (``fp32_fma_chain`` and ``fp32_3xtf32`` for fp32 inputs without TF32 only,
+  ``p_normalized``, ``grads_input_dtype`` and ``fwd_fast_exp`` below fp32 only);
   declaring ``split_kv`` brings ``split_kv_halves``, declaring ``bwd_scores_k16`` brings
-  ``bwd_scores_k8`` and ``bwd_scores_k1``.
+  ``bwd_scores_k8`` and ``bwd_scores_k1``, declaring ``fwd_fast_exp`` brings
+  ``fwd_fast_exp_low`` and ``fwd_fast_exp_high``.
 - ``run_family(query, key, value, grad_out, ...)``: every member on the same inputs; per
   member the output and (with ``grad_out``) dq, dk, dv, exactly as
   ``online_attention(..., **kwargs)`` and autograd with that ``grad_out`` give them.
@@ -77,6 +78,10 @@ FAMILY: dict[str, dict] = {
     # PyTorch's CPU flash backward: 32-row query tiles (its tiling below 192 query rows, the
     # most roundings of its three), 512-key tiles.
     "grads_input_dtype": dict(block_m=32, block_n=512, accumulate="input_dtype"),
+    # A forward with a fast vectorised exp (PyTorch's CPU flash forward for fp16/bf16): its
+    # probabilities 2^-13 short or long, the two ends of the fast exps' error.
+    "fwd_fast_exp_low": dict(_BASE, exp_accuracy="fwd_fast_low"),
+    "fwd_fast_exp_high": dict(_BASE, exp_accuracy="fwd_fast_high"),
 }
 
 FAMILY_NOTES: dict[str, str] = {
@@ -232,6 +237,21 @@ FAMILY_NOTES: dict[str, str] = {
                          "MQA 3/1, Nq 35, Nk 1: dv 1.33x the rule without it (6 fp16 roundings "
                          "where gqa_per_head_rounded makes 3); bf16 GQA 6/3 dk 1.01x. Below "
                          "fp32 only; opt-in (the sdpa-flash built-in declares it on the CPU)",
+    "fwd_fast_exp_low": "a forward whose exponentials come from a fast vectorised "
+                        "approximation while its rescale factors and the backward's exp "
+                        "are accurate: every forward probability short by 2^-13 (the low "
+                        "end of such an exp's error), so the lse is ~1.2e-4 low in every "
+                        "row, the backward's P rows sum to 1 + 1.2e-4 and dK carries that "
+                        "before its terms cancel. PyTorch's CPU flash SDPA forward for "
+                        "fp16/bf16 (its exp: -1.08e-4..+1.02e-4, e(0) = 1 - 5.3e-5): fp16 "
+                        "causal, Nq = Nk 55, outliers, scale 1.9: dk 1.19x the rule without "
+                        "it. Below fp32 only; opt-in, declared as fwd_fast_exp with "
+                        "fwd_fast_exp_high (the sdpa-flash built-in declares it on the CPU)",
+    "fwd_fast_exp_high": "fwd_fast_exp_low's choice with every forward probability long by "
+                         "2^-13 (the high end); each P, its rounding and each gradient term "
+                         "move monotonically with a row's lse shift, so the pair brackets a "
+                         "kernel whose exp errs anywhere within 2^-13; declared with "
+                         "fwd_fast_exp_low",
 }
 
 # Switches that change only the backward (the forward of members differing in them is shared).
@@ -275,15 +295,20 @@ _LOOP_KEYS = dict(block_m=128, block_n=128, order="fa2")
 #   2.8x their dk, above K_RULE, so by default it would pass a kernel 3x worse than the
 #   rest; a kernel that keeps its gradients in the input dtype says so (the sdpa-flash
 #   built-in on the CPU, PyTorch's CPU flash backward, does).
+# - fwd_fast_exp: a lse shifted by up to 2^-13 in every row reaches dK through the row sums
+#   of P before its terms cancel: up to 4.7x the defaults where the floor sets the rule
+#   (docs/bounds.md's calibration), so a kernel with an accurate exp says nothing and one
+#   with a fast forward exp says so (the sdpa-flash built-in on the CPU does).
 OPT_IN = ("q_prescaled", "q_exp2_prescaled", "split_kv", "bwd_scores_k16", "qk_sqrt_scaled",
           "fp32_fma_chain", "fp32_3xtf32", "bias_fma_split", "p_normalized",
-          "grads_input_dtype")
+          "grads_input_dtype", "fwd_fast_exp")
 
 
 # An opt-in choice judged by more than one member (the split count of split-KV is each
 # kernel's own): declaring the choice brings all of them.
 _OPT_IN_MEMBERS = {"split_kv": ("split_kv", "split_kv_halves"),
-                   "bwd_scores_k16": ("bwd_scores_k16", "bwd_scores_k8", "bwd_scores_k1")}
+                   "bwd_scores_k16": ("bwd_scores_k16", "bwd_scores_k8", "bwd_scores_k1"),
+                   "fwd_fast_exp": ("fwd_fast_exp_low", "fwd_fast_exp_high")}
 # Every member that is judged only when declared.
 OPT_IN_MEMBERS = tuple(m for c in OPT_IN for m in _OPT_IN_MEMBERS.get(c, (c,)))
 
@@ -312,6 +337,9 @@ def family_members(dtype, *, gqa: bool, tf32: bool, declared=()) -> dict[str, di
         # again changes nothing, and these members are the baseline.
         skip.update(("p_ds_fp32", "gqa_per_head_rounded", "gqa_expand_autograd",
                      "p_normalized", "grads_input_dtype"))
+        # A fast exp's 2^-13 is far above fp32's rounding of P: a kernel with one in fp32
+        # is not a correct one (PyTorch's CPU flash forward takes an accurate exp there).
+        skip.update(("fwd_fast_exp_low", "fwd_fast_exp_high"))
     if not (tf32 and dtype == torch.float32):
         skip.update(("tf32", "tf32_truncated"))
     if dtype != torch.float32 or tf32:

@@ -211,6 +211,13 @@ def _flush(x: torch.Tensor, tiny: float) -> torch.Tensor:
 # recomputes QKᵀ in such steps sums the head dim in another order than a forward that used
 # one GEMM call (or wider steps).
 K_STEPS = {"k16": 16, "k8": 8, "k1": 1}
+# A forward with a fast vectorised exp below fp32 (``exp_accuracy="fwd_fast_low"`` /
+# ``"fwd_fast_high"``): every forward probability short, or long, by this relative amount.
+# 2^-13 = 1.22e-4 covers the fast exps measured (PyTorch's CPU flash forward for fp16/bf16:
+# -1.08e-4..+1.02e-4; the fwd_fast_exp control's cubic: -9.98e-5..+9.20e-5) and stays
+# below the input roundings of P (2^-11 fp16, 2^-8 bf16) that such a kernel makes anyway.
+FAST_EXP_REL = 2.0**-13
+_FAST_SIGN = {"fwd_fast_low": -1.0, "fwd_fast_high": 1.0}
 
 
 class _Arith:
@@ -248,6 +255,7 @@ class _Arith:
         self.tf32 = tf32
         self.to_tf32 = truncate_tf32 if tf32_rounding == "truncate" else round_tf32
         self.approx_exp = exp_accuracy == "approx"
+        self.fast_fwd = _FAST_SIGN.get(exp_accuracy, 0.0) * FAST_EXP_REL
         self.kv_splits = kv_splits
         self.bwd_k_step = K_STEPS.get(bwd_scores, 0)  # 0: the forward's product
         # A running sum is a rounding model of fp32 accumulators only (float64 is exact here).
@@ -291,14 +299,21 @@ class _Arith:
         """e^x, or 2^x when the scores are in log2 units (``scale_at="exp2"``); flushed."""
         return self._exp_result(torch.exp2(x) if self.base2 else torch.exp(x))
 
-    def exp_minus(self, s: torch.Tensor, fused, shift: torch.Tensor) -> torch.Tensor:
+    def exp_minus(self, s: torch.Tensor, fused, shift: torch.Tensor,
+                  backward: bool = False) -> torch.Tensor:
         """P = exp(s − shift) for a tile of scores ``s`` (see ``exp``). With
         ``scale_at="exp2_fma"`` and ``fused`` (the exact products QKᵀ·c in float64, from
         ``_scores``), 2^(QKᵀ·c − shift) with the exponent rounded once: an FFMA of the raw
-        score, the constant and the negated shift, never the rounded scaled score."""
+        score, the constant and the negated shift, never the rounded scaled score. In the
+        forward (not ``backward``) with ``exp_accuracy="fwd_fast_low"``/``"fwd_fast_high"``,
+        times 1 ∓ :data:`FAST_EXP_REL` (a fast exp's relative error, at its ends)."""
         if fused is None:
-            return self.exp(s - shift)
-        return self._exp_result(torch.exp2((fused - shift.to(torch.float64)).to(self.acc)))
+            e = self.exp(s - shift)
+        else:
+            e = self._exp_result(torch.exp2((fused - shift.to(torch.float64)).to(self.acc)))
+        if self.fast_fwd and not backward:
+            e = self.ftz(e * (1.0 + self.fast_fwd))
+        return e
 
     def _exp_result(self, e: torch.Tensor) -> torch.Tensor:
         """An exponential as the kernel has it: to 22 bits with ``exp_accuracy="approx"``;
@@ -632,7 +647,7 @@ def _backward_fa2(ar, p, q, k, v, attn_mask, out, lse, dout, bm, bn, want_dbias)
             rs = slice(rows[0], rows[1])
             qi, do_i = q[:, :, rs], do[:, :, rs]
             s, fused = _scores(ar, p, qi, kj, attn_mask, rows, cols, backward=True)
-            pt = ar.exp_minus(s, fused, lse_shift[:, :, rs].unsqueeze(-1))
+            pt = ar.exp_minus(s, fused, lse_shift[:, :, rs].unsqueeze(-1), backward=True)
             dp = ar.mm(do_i, vj.transpose(-2, -1)) if chain is None else _fma_chain(
                 ar, torch.zeros(*qi.shape[:-1], kj.shape[-2], dtype=ar.acc, device=q.device),
                 ((do_i[..., d, None], vj[..., None, :, d]) for d in range(p.D)))
@@ -1002,7 +1017,13 @@ def online_attention(
       dtype, O = Σ P·V (an unfused softmax then a matmul; ``order`` "fa2" only).
     - ``exp_accuracy``: ``"library"`` torch's exp/exp2; ``"approx"`` every exponential
       (the forward's and the backward's P, the rescale factors) rounded to 22 significant
-      bits (``round_exp_approx``; fp32 accumulators only), the error of GPUs' ex2.approx.
+      bits (``round_exp_approx``; fp32 accumulators only), the error of GPUs' ex2.approx;
+      ``"fwd_fast_low"``/``"fwd_fast_high"`` the forward's probabilities (not its rescale
+      factors, not the backward's P) times 1 − / 1 + ``FAST_EXP_REL`` (2^-13): a forward
+      with a fast vectorised exp, whose lse is then that much low or high in every row
+      while the backward's accurate P sums to 1 ± 2^-13 per row. Every P of the forward,
+      its rounding, ℓ and each gradient term move monotonically with such a shift, so the
+      two ends bracket a kernel whose exp errs anywhere between them.
     - ``kv_splits`` (int >= 1): 1 is the plain forward. S > 1 is the split-KV forward: the
       key tiles (of ``block_n`` keys) are cut into S contiguous runs of ceil(tiles / S)
       whole tiles (``split_chunks``; trailing runs are empty when there are fewer tiles);

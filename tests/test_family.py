@@ -556,6 +556,28 @@ def test_far_members_are_opt_in(member):
                 assert member in family_members(dt, gqa=gqa, tf32=tf32, declared=(member,))
 
 
+def test_fast_exp_members_are_opt_in_below_fp32_and_shift_the_lse():
+    """fwd_fast_exp (declared) brings its two members, below fp32 only; each scales every
+    forward probability by 1 -/+ 2^-13 and leaves the rescale factors and the backward's P
+    alone: its lse is the baseline's + log(1 -/+ 2^-13) in every row (to fp32 roundings)."""
+    from flashcheck.reference.online import FAST_EXP_REL
+
+    pair = {"fwd_fast_exp_low", "fwd_fast_exp_high"}
+    for dt in ("float16", "bfloat16", "float32", "float64"):
+        for gqa in (False, True):
+            assert not pair & set(family_members(dt, gqa=gqa, tf32=False))
+            got = set(family_members(dt, gqa=gqa, tf32=False, declared=("fwd_fast_exp",)))
+            assert (pair <= got) if dt in ("float16", "bfloat16") else not (pair & got)
+    kw, dout = _gqa_case(torch.float16, seed=9)
+    base = _run(kw, dout)[1]
+    for name, sign in (("fwd_fast_exp_low", -1), ("fwd_fast_exp_high", 1)):
+        lse = _run(kw, dout, **FAMILY[name])[1]
+        want = math.log1p(sign * FAST_EXP_REL)
+        d = (lse.double() - base.double())
+        slack = 4 * torch.finfo(torch.float32).eps * (1 + base.double().abs())
+        assert bool(((d - want).abs() <= slack).all()), (name, d.min(), d.max())
+
+
 def test_split_kv_member_splits_short_sequences():
     from flashcheck.reference.online import split_chunks
 

@@ -256,7 +256,7 @@ def _online_kernel():
 
 
 # The opt-in family members PyTorch's CPU flash SDPA kernel makes (reference/family.py).
-CPU_FLASH_FAMILY = ("bwd_scores_k16", "grads_input_dtype")
+CPU_FLASH_FAMILY = ("bwd_scores_k16", "grads_input_dtype", "fwd_fast_exp")
 
 
 def _sdpa_kernel(backend_name: str, device: str):
@@ -279,7 +279,8 @@ def _sdpa_kernel(backend_name: str, device: str):
         sdpa.capabilities["family"] = ("fp32_3xtf32",)
     elif backend_name == "FLASH_ATTENTION" and not str(device).startswith("cuda"):
         # PyTorch's CPU flash kernel recomputes the backward's scores with its own GEMM
-        # blocking and keeps dQ/dK/dV in the inputs' dtype between tiles (as sdpa-varlen,
+        # blocking, keeps dQ/dK/dV in the inputs' dtype between tiles and, below fp32,
+        # exponentiates the forward's scores with a fast vectorised exp (as sdpa-varlen,
         # which runs it per sequence: verify/ragged.py)
         sdpa.capabilities["family"] = CPU_FLASH_FAMILY
     return sdpa

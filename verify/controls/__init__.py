@@ -74,6 +74,9 @@ CONTROLS: tuple[Control, ...] = (
     Control("grads_input_dtype", "dQ/dK/dV held in the input dtype between tiles, each "
                                  "tile's fp32 product added and rounded (PyTorch's CPU flash "
                                  "backward; declares grads_input_dtype)"),
+    Control("fwd_fast_exp", "the forward's probabilities from a fast exp (a cubic after range "
+                            "reduction, 1e-4), rescale factors and backward exact (PyTorch's "
+                            "CPU flash forward below fp32; declares fwd_fast_exp)"),
     Control("triton_fwd", "Triton forward, tiles of 16 (Triton mutant base)"),
     Control("triton_tile32", "Triton forward, tiles of 32"),
     Control("reference", "float64 oracle rounded to the input dtype", builtin=True),

@@ -89,6 +89,10 @@ class BlockedAttention:
     def exp(self, x: torch.Tensor) -> torch.Tensor:
         return torch.exp(x)
 
+    def fwd_p_exp(self, x: torch.Tensor) -> torch.Tensor:
+        """The forward's probabilities (not its rescale factors, not the backward's P)."""
+        return self.exp(x)
+
     def running_max(self, m: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         return torch.maximum(m, s.amax(dim=-1))
 
@@ -184,7 +188,7 @@ class BlockedAttention:
             s = self._scores(qf, kf[..., lo:hi, :], allowed, bias, lo, hi, p, dtype)
             m_new = self.running_max(m, s)
             m_use = self.safe_max(m_new)
-            pt = self.exp(s - m_use[..., None])
+            pt = self.fwd_p_exp(s - m_use[..., None])
             alpha = self.exp(m - m_use)
             l_new = alpha * l.float() + pt.sum(dim=-1)
             pv = self.mm(self.subnormals(self.round_p(pt, dtype), dtype), vf[..., lo:hi, :])
