@@ -16,7 +16,7 @@ import os
 
 import pytest
 import torch
-from flashcheck.verify.cases import Case
+from flashcheck.verify.cases import Case, load_case_file
 from flashcheck.verify.controls import CONTROLS
 from flashcheck.verify.mutants._blocked import BlockedAttention
 from flashcheck.verify.mutants._common import full_capabilities
@@ -537,6 +537,31 @@ def test_cpu_flash_sdpa_fast_forward_exp_is_judged_by_its_members():
     undeclared = _undeclaring(flash.fn, flash.declared)
     undeclared.capabilities["family"] = fam
     bad = check_case(undeclared, case, "cpu", family="full")
+    assert bad.status == "fail" and not bad.tensors["dq"].passed, bad.summary()
+
+
+def test_daz_in_the_backward_products_alone_is_bounded():
+    """PyTorch's CPU flash backward on an AVX512-BF16 machine (sdpa-flash, seed 31): its bf16
+    GEMMs read the subnormal dO as zero (VDPBF16PS), its D_i = rowsum(dO ∘ O) does not, so
+    with one key dS = -D_i and dq = -2.2e-36 where the exact value is 0 (3.1x the flush
+    allowance before it bounded an input read as zero in dP alone). The daz_bf16_gemms
+    control makes that choice on every machine: judged by the flush allowance it passes,
+    and 4x its error fails."""
+    from pathlib import Path
+
+    from flashcheck.verify.check import check_case
+    from flashcheck.verify.controls.daz_bf16_gemms import attention as daz
+
+    from tests.fixtures_kernels import amplified
+
+    case, _ = load_case_file(Path(__file__).parent / "data" / "sdpa_flash_cpu_bf16_daz_dp.json")
+    v = check_case(daz, case, "cpu")
+    assert v.status == "pass", v.summary()
+    dq = v.tensors["dq"]
+    assert dq.want == 0 and dq.got < -2e-36 and dq.tol_source == "flush", dq
+    worse = amplified(daz, 4.0)
+    worse.capabilities = dict(daz.capabilities)
+    bad = check_case(worse, case, "cpu")
     assert bad.status == "fail" and not bad.tensors["dq"].passed, bad.summary()
 
 

@@ -646,6 +646,16 @@ def ftz_allowance(allowed: torch.Tensor, bias: torch.Tensor | None, shape: tuple
             d_p = torch.clamp(ado @ v.transpose(-1, -2), max=d_cap) * w
             vmax = v.amax(-2, keepdim=True)
             d_d = torch.clamp((ado * vmax).sum(-1, keepdim=True), max=d_cap)
+            # An input read as zero (DAZ) in one of the two sums and not the other: bf16 dot
+            # products on AVX512-BF16 (VDPBF16PS) read subnormal inputs as zero, and a CPU
+            # kernel whose dP = dO·Vᵀ runs there while D_i is formed elementwise drops each
+            # subnormal dO_id from dP alone, with a product that need not be small (PyTorch's
+            # CPU flash backward, bf16, one key, dO = 9.5e-39, V = 11.75: dq −2.2e-36 where
+            # the exact value is 0). Each sum moves by at most the subnormal entries' share:
+            # Σ_d [|dO_id| < tiny] |dO_id| |V_jd| (|O_id| <= max_j |V_jd| for D_i).
+            sub = torch.where(ado < tiny_in, ado, torch.zeros_like(ado))
+            d_p = d_p + (sub @ v.transpose(-1, -2)) * w
+            d_d = d_d + (sub * vmax).sum(-1, keepdim=True)
             kmax = k.amax(-2, keepdim=True)
             allow["dq"] = allow["dq"] + scale * (d_p @ k + d_d * kmax)
             allow["dk"] = allow["dk"] + _group_sum(

@@ -47,6 +47,9 @@ CONTROLS: tuple[Control, ...] = (
                              "input-dtype P, dS and results"),
     Control("ftz_delta", "flush-to-zero in D = rowsum(dO * O) alone, dP = dO V^T keeping "
                          "subnormals (FA2 CUDA's --use_fast_math preprocessing)"),
+    Control("daz_bf16_gemms", "the backward's products read subnormal inputs as zero, D_i "
+                              "keeps them (AVX512-BF16 VDPBF16PS: PyTorch's CPU flash "
+                              "backward)"),
     Control("fp32_fma_chain", "fp32 dK/dV as running sums, one FMA per product (Triton's "
                               "IEEE fp32 tl.dot on CUDA; declares fp32_fma_chain)"),
     Control("fp32_3xtf32", "every fp32 product as three TF32 products of split operands "
