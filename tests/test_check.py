@@ -380,6 +380,11 @@ def test_a_members_finite_result_counts_where_another_member_overflows():
     assert (off.status, off.failure) == ("fail", "numerical"), off.summary()
     assert off.tensors["dq"].worst_index == (0, 0, 3, 2), off.tensors["dq"]
     assert off.tensors["dq"].tol_source == "floor"
+    # Without the family (baseline=False: the a-priori bounds alone) every tensor is still
+    # judged, and no member is named.
+    alone = check_case(q_prescaled, MEMBERS_SPLIT, "cpu", baseline=False)
+    assert set(alone.tensors) == {"out", "dq", "dk", "dv"}
+    assert all(t.member == "" and t.tol_source == "" for t in alone.tensors.values())
 
 
 FUSED_EXP_BIAS = Case(B=1, Hq=2, Hkv=2, Nq=16, Nk=16, D=96, dtype="float16", window=(0, 0),

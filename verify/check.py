@@ -378,8 +378,8 @@ def _family(inputs: Inputs, ref: dict, backward: bool, *, tf32: bool,
     that stay finite there are still correct answers: ``spread`` holds, per tensor, the
     largest of their errors at each such element (0 elsewhere) and where those elements
     are, so that a kernel's value there is judged by them, element by element (fp16 dq
-    where the exact value is -296587: the defaults give -inf, the q_prescaled member
-    -60352, a kernel that prescales Q the same). The
+    where the exact value is -115843: the defaults give -inf, the q_prescaled member
+    -62752, a kernel that prescales Q the same). The
     flush-to-zero member is not part of the tensor-wide worst: where it flushes, its error
     is the size of the flushed values themselves (up to 1e6x the other members' on tiny
     inputs), which would excuse anything anywhere. It counts per element instead, on the
@@ -701,6 +701,7 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
     members: dict[str, tuple[str, str]] = {}
     ftz: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     overflow: dict[str, torch.Tensor] = {}
+    spread: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     scratch: list = []
     # TF32 dot products: asked for by the case, or declared by the kernel (capabilities
     # tf32=True: its fp32 products always round their operands to TF32).
