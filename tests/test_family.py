@@ -573,7 +573,7 @@ def test_fast_exp_members_are_opt_in_below_fp32_and_shift_the_lse():
     for name, sign in (("fwd_fast_exp_low", -1), ("fwd_fast_exp_high", 1)):
         lse = _run(kw, dout, **FAMILY[name])[1]
         want = math.log1p(sign * FAST_EXP_REL)
-        d = (lse.double() - base.double())
+        d = lse.double() - base.double()
         slack = 4 * torch.finfo(torch.float32).eps * (1 + base.double().abs())
         assert bool(((d - want).abs() <= slack).all()), (name, d.min(), d.max())
 
