@@ -214,7 +214,7 @@ K_STEPS = {"k16": 16, "k8": 8, "k1": 1}
 # A forward with a fast vectorised exp below fp32 (``exp_accuracy="fwd_fast_low"`` /
 # ``"fwd_fast_high"``): every forward probability short, or long, by this relative amount.
 # 2^-13 = 1.22e-4 covers the fast exps measured (PyTorch's CPU flash forward for fp16/bf16:
-# -1.08e-4..+1.02e-4; the fwd_fast_exp control's cubic: -9.98e-5..+9.20e-5) and stays
+# -1.08e-4..+1.02e-4; the fwd_fast_exp control's cubic: -9.98e-5..+9.29e-5) and stays
 # below the input roundings of P (2^-11 fp16, 2^-8 bf16) that such a kernel makes anyway.
 FAST_EXP_REL = 2.0**-13
 _FAST_SIGN = {"fwd_fast_low": -1.0, "fwd_fast_high": 1.0}
