@@ -69,6 +69,7 @@ FAMILY: dict[str, dict] = {
     "bwd_scores_k16": dict(_BASE, bwd_scores="k16"),
     "bwd_scores_k8": dict(_BASE, bwd_scores="k8"),
     "bwd_scores_k1": dict(_BASE, bwd_scores="k1"),
+    "bwd_k_prescaled": dict(_BASE, bwd_scores="k_prescaled"),
     "split_kv": dict(block_m=128, block_n=16, kv_splits=4),
     "split_kv_halves": dict(block_m=128, block_n=16, kv_splits=2),
     "fp32_fma_chain": dict(_BASE, accumulate="fma_chain", gqa_reduce="group_fp32"),
@@ -209,6 +210,14 @@ FAMILY_NOTES: dict[str, str] = {
                      "forward): the longest chain of roundings, up to 6x the k16/k8 members' "
                      "dq at fp32 logits ~1e3, D 7 (where steps of 8 or 16 reorder nothing); "
                      "declared with bwd_scores_k16",
+    "bwd_k_prescaled": "the backward recomputes S as Q·fl(K·scale), the scale folded into the "
+                       "packed K operand and rounded in fp32 (a GEMM whose alpha the BLAS "
+                       "applies to an operand), where the forward's lse came from "
+                       "fl(QKᵀ)·scale: each score another rounding of the forward's. "
+                       "PyTorch's CPU flash backward on an AVX-512 machine (its sgemm with "
+                       "alpha = scale): fp32 uniform(4), D 10, dv 1.16x the rule without it, "
+                       "the member's dv 8.9e-7 from the kernel's where the others' are 1e-5; "
+                       "opt-in (the sdpa-flash built-in declares it on the CPU)",
     "bias_fma_split": "exp2_folded with an additive bias, the score s = QKᵀ·c + bias·log2 e "
                       "rounded once by an FMA in each pass but contracted two ways: the "
                       "forward keeps QKᵀ·c exact and adds the rounded bias term, the "
@@ -301,7 +310,7 @@ _LOOP_KEYS = dict(block_m=128, block_n=128, order="fa2")
 #   with a fast forward exp says so (the sdpa-flash built-in on the CPU does).
 OPT_IN = ("q_prescaled", "q_exp2_prescaled", "split_kv", "bwd_scores_k16", "qk_sqrt_scaled",
           "fp32_fma_chain", "fp32_3xtf32", "bias_fma_split", "p_normalized",
-          "grads_input_dtype", "fwd_fast_exp")
+          "grads_input_dtype", "fwd_fast_exp", "bwd_k_prescaled")
 
 
 # An opt-in choice judged by more than one member (the split count of split-KV is each

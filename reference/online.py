@@ -35,8 +35,9 @@ input dtype or kept in fp32), ``ds_scale`` (scale on dS before its rounding or o
 the end), ``tf32`` (fp32 inputs: matmul operands rounded to TF32 by ``round_tf32``) and
 ``exp_accuracy`` (fp32: every exponential to 22 significant bits, ``round_exp_approx``)
 and ``kv_splits`` (split-KV forward, above) and ``bwd_scores`` (the backward's QKᵀ summed
-over the head dim in another order than the forward's) and ``accumulate`` (fp32: the
-backward's dQ, dK, dV each one running sum, one fused multiply-add per product). With
+over the head dim in another order than the forward's, or from K prescaled) and
+``accumulate`` (fp32: the backward's dQ, dK, dV each one running sum, one fused
+multiply-add per product). With
 every switch at its default the arithmetic is bit for bit that of the model before the
 switches existed.
 
@@ -258,6 +259,7 @@ class _Arith:
         self.fast_fwd = _FAST_SIGN.get(exp_accuracy, 0.0) * FAST_EXP_REL
         self.kv_splits = kv_splits
         self.bwd_k_step = K_STEPS.get(bwd_scores, 0)  # 0: the forward's product
+        self.bwd_k_prescaled = bwd_scores == "k_prescaled"
         # A running sum is a rounding model of fp32 accumulators only (float64 is exact here).
         self.fma_chain = accumulate == "fma_chain" and self.acc == torch.float32
         self.grads_in_input = accumulate == "input_dtype"
@@ -406,6 +408,11 @@ def _scores(ar: _Arith, p: Problem, qi, kj, attn_mask, rows, cols, backward=Fals
         # the rounded product is the scaled score that the row max is taken of.
         fused = ar.mm_scores(qi, kt, backward).to(torch.float64) * c
         s = fused.to(ar.acc)
+    elif backward and ar.bwd_k_prescaled:
+        # The backward's GEMM takes the scale as its alpha and folds it into the packed K
+        # operand: Q·fl(K·c), K·c rounded in the accumulator dtype, where the forward's lse
+        # came from fl(QKᵀ)·c (PyTorch's CPU flash backward on AVX-512 machines).
+        s = ar.mm(qi, ar.ftz((kt * c).to(ar.acc)))
     elif ar.base2:
         raw = ar.mm_scores(qi, kt, backward)
         s = raw * c
@@ -938,6 +945,11 @@ def _make_arith(dtype, precision, **switches) -> _Arith:
     if sw["accumulate"] == "input_dtype" and sw["gqa_reduce"] != "per_head_fp32":
         raise ValueError(f"accumulate='input_dtype' reduces a GQA group itself (heads into "
                          f"one input-dtype accumulator); got gqa_reduce={sw['gqa_reduce']!r}")
+    if ar.bwd_k_prescaled and (sw["scale_at"] not in ("scores", "exp2") or ar.bias_split):
+        raise ValueError(f"bwd_scores='k_prescaled': only with scale_at='scores' or 'exp2' "
+                         f"and bias_fma='none' (the scale folded into K in the backward "
+                         f"alone); got scale_at={sw['scale_at']!r}, "
+                         f"bias_fma={sw['bias_fma']!r}")
     if ar.bias_split and sw["scale_at"] != "exp2":
         raise ValueError(f"bias_fma='split': only with scale_at='exp2' (the score in base 2 "
                          f"as QKᵀ·c plus bias·log2 e); got scale_at={sw['scale_at']!r}")
@@ -1039,7 +1051,10 @@ def online_attention(
       product, bit for bit; ``"k16"`` (``"k8"``, ``"k1"``) it sums the head dim in steps of
       16 (8, 1: one fused multiply-add per product) (``K_STEPS``), so P = exp(S_bwd − lse)
       uses another rounding of each score than the lse did and no longer sums to exactly 1
-      (a backward kernel with its own GEMM blocking or MMA k-steps).
+      (a backward kernel with its own GEMM blocking or MMA k-steps); ``"k_prescaled"``
+      it recomputes S as Q·fl(K·scale) (times log2 e in base 2), K·scale rounded in the
+      accumulator dtype, where the forward scaled the rounded QKᵀ (a GEMM whose alpha the
+      BLAS folds into its packed operand). Only with ``scale_at`` "scores" or "exp2".
     - ``accumulate``: ``"blocked"`` each tile's product summed by a matmul, then added to
       the accumulator; ``"fma_chain"`` (fp32 accumulators; float64 stays exact) the
       backward's dQ, dK and dV each one running fp32 sum, one fused multiply-add per product

@@ -52,6 +52,8 @@ CHOICE_CASES = {
     "p_normalized": dict(Nk=48, dtype="bfloat16", **GRAD),
     # fp16: the fast exp is used below fp32 only
     "fwd_fast_exp": dict(Nk=48, dtype="float16", **GRAD),
+    # fp32, D = 32: K·scale rounds (1/√32 is not a power of two)
+    "bwd_k_prescaled": dict(Nk=48, D=32, dtype="float32", **GRAD),
 }
 
 
@@ -481,7 +483,8 @@ def test_cpu_flash_sdpa_backward_scores_are_judged_by_their_member():
     case, _ = load_case_file(Path(__file__).parent / "data" /
                              "sdpa_flash_cpu_fp32_bwd_scores.json")
     flash = resolve_kernel("sdpa-flash", "cpu")
-    assert flash.declared["family"] == ("bwd_scores_k16", "grads_input_dtype", "fwd_fast_exp")
+    assert flash.declared["family"] == ("bwd_scores_k16", "grads_input_dtype", "fwd_fast_exp",
+                                        "bwd_k_prescaled")
     assert "family" not in resolve_kernel("sdpa-flash", "cuda").declared
     v = check_case("sdpa-flash", case, "cpu", family="full")
     assert v.status == "pass", v.summary()
@@ -532,6 +535,42 @@ def test_cpu_flash_sdpa_fast_forward_exp_is_judged_by_its_members():
     undeclared = _undeclaring(flash.fn, flash.declared, member="fwd_fast_exp")
     bad = check_case(undeclared, case, "cpu", family="full")
     assert bad.status == "fail" and not bad.tensors["dq"].passed, bad.summary()
+
+
+def test_cpu_flash_sdpa_backward_scores_from_prescaled_k_are_judged_by_their_member():
+    """PyTorch's CPU flash backward on an AVX-512 machine (sdpa-flash, seed 31): fp32
+    uniform(4), D 10, dv at 1.16x the rule. Its backward's sgemm takes the scale as alpha
+    and the BLAS folds it into the packed K: S = Q·fl(K·scale), where the forward's lse came
+    from fl(QKᵀ)·scale. Judged with ``bwd_k_prescaled`` (declared on the CPU) the case
+    passes by that member; the bwd_k_prescaled control passes it too and fails it at 4x its
+    error. Undeclared, the kernel fails where its GEMMs take that path (skips elsewhere:
+    under the AVX2 pins it passes at 0.1x)."""
+    from pathlib import Path
+
+    from flashcheck.verify.adapters import resolve_kernel
+    from flashcheck.verify.check import check_case
+    from flashcheck.verify.controls.bwd_k_prescaled import attention as ctl
+
+    from tests.fixtures_kernels import amplified
+
+    case, _ = load_case_file(Path(__file__).parent / "data" /
+                             "sdpa_flash_cpu_fp32_bwd_k_prescaled.json")
+    v = check_case("sdpa-flash", case, "cpu", family="full")
+    assert v.status == "pass", v.summary()
+    flash = resolve_kernel("sdpa-flash", "cpu")
+    undeclared = _undeclaring(flash.fn, flash.declared, member="bwd_k_prescaled")
+    bad = check_case(undeclared, case, "cpu", family="full")
+    c = check_case(ctl, case, "cpu")
+    assert c.status == "pass", c.summary()
+    worse = amplified(ctl, 4.0)
+    worse.capabilities = dict(ctl.capabilities)
+    far = check_case(worse, case, "cpu")
+    assert far.status == "fail", far.summary()
+    if bad.status == "pass":
+        pytest.skip("this CPU's flash backward scales the scores after its GEMM here "
+                    f"({bad.summary()}); the undeclared failure is not reproduced")
+    assert v.tensors["dv"].member == "bwd_k_prescaled", v.summary()
+    assert not bad.tensors["dv"].passed, bad.summary()
 
 
 def test_daz_in_the_backward_products_alone_is_bounded():

@@ -544,11 +544,11 @@ def test_kv_splits_one_bit_identical_to_previous_code(kw, dtype, block_m, block_
         assert _same(a, b)
 
 
-@pytest.mark.parametrize("member", ["split_kv", "bwd_scores_k16"])
+@pytest.mark.parametrize("member", ["split_kv", "bwd_scores_k16", "bwd_k_prescaled"])
 def test_far_members_are_opt_in(member):
-    """split_kv and bwd_scores_k16 sit orders above the rest in one regime (fp32 large
-    logits; reference/family.py OPT_IN): judged against only when the kernel declares them,
-    then for every dtype, GQA or not."""
+    """split_kv, bwd_scores_k16 and bwd_k_prescaled sit above the rest in one regime (fp32
+    large logits; reference/family.py OPT_IN): judged against only when the kernel declares
+    them, then for every dtype, GQA or not."""
     for dt in ("float16", "bfloat16", "float32", "float64"):
         for gqa in (False, True):
             for tf32 in (False, True):
@@ -576,6 +576,31 @@ def test_fast_exp_members_are_opt_in_below_fp32_and_shift_the_lse():
         d = lse.double() - base.double()
         slack = 4 * torch.finfo(torch.float32).eps * (1 + base.double().abs())
         assert bool(((d - want).abs() <= slack).all()), (name, d.min(), d.max())
+
+
+def test_backward_k_prescaled_changes_only_the_backward_scores():
+    """bwd_k_prescaled: the forward is the baseline's bit for bit; the backward rebuilds P
+    from S = Q·fl(K·scale) (K·scale rounded in fp32) and the forward's lse. With one tile
+    (21 x 19) dV is Pᵀ dO of that P: the member's dV is that product to fp32 roundings,
+    where the baseline's (P from fl(QKᵀ)·scale) is further off it. Any other scale_at, or a
+    split bias FMA, is refused by name."""
+    kw = make_problem(B=1, Hq=1, Hkv=1, Nq=21, Nk=19, D=10, seed=4, dtype=torch.float32)
+    kw = {**kw, "query": kw["query"] * 4, "key": kw["key"] * 4}
+    dout = torch.randn(kw["query"].shape, generator=torch.Generator().manual_seed(4))
+    base = _run(kw, dout)
+    got = _run(kw, dout, **FAMILY["bwd_k_prescaled"])
+    assert _same(got[0], base[0]) and _same(got[1], base[1])
+    scale = 1 / math.sqrt(10)
+    s = kw["query"] @ (kw["key"] * scale).transpose(-1, -2)
+    p = torch.exp(s.double() - got[1].double().unsqueeze(-1))
+    want = p.transpose(-1, -2) @ dout.double()
+    err = lambda dv: float((dv.double() - want).abs().max())  # noqa: E731
+    # |dV| ~4: the member within one fp32 ulp (4.8e-7); the baseline 1.7e-5 off
+    assert err(got[2][2]) < 4.8e-7 and err(base[2][2]) > 10 * err(got[2][2]), (
+        err(got[2][2]), err(base[2][2]))
+    for bad in (dict(scale_at="q"), dict(scale_at="exp2", bias_fma="split")):
+        with pytest.raises(ValueError, match="k_prescaled"):
+            _run(kw, dout, bwd_scores="k_prescaled", **bad)
 
 
 def test_split_kv_member_splits_short_sequences():

@@ -256,7 +256,7 @@ def _online_kernel():
 
 
 # The opt-in family members PyTorch's CPU flash SDPA kernel makes (reference/family.py).
-CPU_FLASH_FAMILY = ("bwd_scores_k16", "grads_input_dtype", "fwd_fast_exp")
+CPU_FLASH_FAMILY = ("bwd_scores_k16", "grads_input_dtype", "fwd_fast_exp", "bwd_k_prescaled")
 
 
 def _sdpa_kernel(backend_name: str, device: str):

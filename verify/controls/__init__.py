@@ -68,6 +68,9 @@ CONTROLS: tuple[Control, ...] = (
     Control("ds_scaled_before_round", "scale * dS rounded to the input dtype, not dS"),
     Control("split_kv", "split-KV forward: 3 key splits merged by their lse in fp32 (FA2 combine)"),
     Control("bwd_scores_reordered", "backward recomputes QKᵀ in steps of 32 over the head dim"),
+    Control("bwd_k_prescaled", "backward recomputes S = Q·fl(K·scale), the forward "
+                               "fl(QKᵀ)·scale (PyTorch's CPU flash backward on AVX-512; "
+                               "declares bwd_k_prescaled)"),
     Control("bias_fma_split", "QKᵀ·scale + bias as one FMA with the product exact in the "
                               "forward, the product rounded first in the backward "
                               "(declares bias_fma_split)"),
