@@ -404,6 +404,49 @@ def use_tma(kind: str, device: torch.device, elem: int, block_d: int,
             and schedule(kind, elem, block_d, band)["tma"])
 
 
+GLUON_MODES = ("auto", "off")
+_gluon_mode = [os.environ.get("FLASHCHECK_GLUON", "auto")]
+if _gluon_mode[0] not in GLUON_MODES:
+    raise ValueError(f"FLASHCHECK_GLUON must be one of {GLUON_MODES}, got {_gluon_mode[0]!r}")
+# The forward's Gluon path (kernels/flash_attention_gluon.py) by head dim: the smallest key
+# length it takes. Measured beside the Triton forward on the H200, the 24 configurations of
+# kernels/bench.py in one call (docs/benchmarks/sweep.md round 17): at D = 128 faster in all
+# 12 (1.01-1.25x); at D = 64 faster at N = 16K (1.02-1.04x), not at 1K (0.92-0.98x) nor at
+# 4K fp16 (0.99x).
+GLUON_FWD_MIN_KEYS = {128: 1, 64: 4097}
+
+
+def set_gluon(mode: str) -> None:
+    """Select whether the forward takes its Gluon path where it applies (:data:`GLUON_MODES`:
+    "auto", the default, or "off": the Triton forward always; the environment variable
+    ``FLASHCHECK_GLUON`` sets it at import)."""
+    if mode not in GLUON_MODES:
+        raise ValueError(f"Gluon mode must be one of {GLUON_MODES}, got {mode!r}")
+    _gluon_mode[0] = mode
+
+
+@contextlib.contextmanager
+def gluon(mode: str):
+    """Context manager: run the block with Gluon ``mode``, then restore the previous one."""
+    prev = _gluon_mode[0]
+    set_gluon(mode)
+    try:
+        yield
+    finally:
+        _gluon_mode[0] = prev
+
+
+def get_gluon() -> str:
+    """The current Gluon mode (see :func:`set_gluon`)."""
+    return _gluon_mode[0]
+
+
+def gluon_forward(head_dim: int, n_keys: int) -> bool:
+    """Whether :data:`GLUON_FWD_MIN_KEYS` sends a forward of this head dim and key length to
+    the Gluon path (its other conditions: flash_attention_gluon.supported)."""
+    return n_keys >= GLUON_FWD_MIN_KEYS.get(head_dim, math.inf)
+
+
 def use_row_tma(kind: str, elem: int, block_d: int, band: bool = False) -> bool:
     """Whether a launch that reads its tiles through descriptors (the caller has decided
     that with :func:`use_tma` and the layout) reads the per-row lse and delta through

@@ -1,0 +1,310 @@
+"""The FA2-order forward for Hopper in Gluon: warp-specialised, two consumer warpgroups.
+
+Gluon (``triton.experimental.gluon``) is Triton's lower-level language: layouts, shared
+memory, mbarriers, TMA and ``wgmma`` are explicit. Triton's pipeliner waits on every score
+product right after issuing it (docs/benchmarks/sweep.md rounds 11 and 14), so a tile's
+exponentials never run under the next tile's products; here they do. Per program (128 query
+rows of one batch and head):
+
+- a producer warp (``_loads``) issues every TMA load: Q once per warpgroup, then K and V
+  tile by tile into ``STAGES``-deep rings, refilling a slot once both consumers released it
+  (its ``empty`` mbarrier counts two arrivals);
+- two consumer warpgroups (``_consume``, 4 warps each, 64 query rows each, partitions of
+  their own so that their barriers span 128 threads and they drift freely) run
+  FlashAttention-3's order per key tile j: issue S(j+1) = Q K(j+1)ᵀ, rescale O, issue
+  O += P(j) V(j), then wait for S(j+1) and run its softmax while P(j) V(j) still runs;
+  each ends with its own epilogue (lse; O through its Q buffer, free by then, and a TMA
+  store).
+
+The arithmetic is the Triton forward's, product for product: the same 128-key tiles give
+the same P, lse and O up to the order of the fp32 accumulation over the head dim inside
+``wgmma`` (bit for bit with 64-key tiles; docs/benchmarks/sweep.md round 17), the scale
+folded with log2(e) into one fp32 constant, ``exp2``, P rounded to the input dtype before
+P V, the lse in base-2 units for the shared backward.
+
+Where it runs (:func:`eligible`; everything else takes the Triton forward): CUDA sm_90,
+float16/bfloat16, head dims 64 and 128 (64 only where keys > 4096: measured faster there,
+not below; ``_common.GLUON_FWD_MIN_KEYS``), query and key lengths multiples of 128, Q, K
+and V contiguous (B, H, N, D) at 16-byte aligned addresses (the bulk tensor copy's rule),
+no mask, and either no band or the causal one with ``hi_off == 0`` (top-left; bottom-right
+with Nq == Nk), GQA included, in either tuning mode (one fixed configuration: autotune
+mode tunes the Triton kernels of the other calls); ``_common.set_gluon("off")`` (or
+``FLASHCHECK_GLUON=off``) turns it off. ``LAUNCHES`` counts its calls.
+
+Caveats: written against Triton 3.6's Gluon (sm_90a); with a Gluon that lacks an API used
+here :func:`eligible` is False and the Triton forward runs. Not run by the CPU interpreter
+(Gluon has none); ``tests/test_flash_gluon.py`` compiles it for sm_90a without a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+from flashcheck.kernels import _common
+from flashcheck.kernels._common import INTERPRET, Problem
+
+try:  # pragma: no cover - depends on the installed Triton
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    # Triton 3.6 names the TMA copies async_copy_*; later releases async_load/async_store.
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+    AVAILABLE = hasattr(gl, "warp_specialize")
+except ImportError:  # pragma: no cover
+    AVAILABLE = False
+
+BLOCK_M = 64  # query rows per consumer warpgroup (two per program)
+BLOCK_N = 128  # keys per tile
+STAGES = 2  # K/V ring depth: 2 x 2 x 32 KiB at D = 128, beside Q's 2 x 16 KiB
+# 12 warps allocated (4 + 4 + 1, by warpgroup): 65536 / 384 = 170 registers each, rounded
+# down to setmaxnreg's multiple of 8; the producer's warpgroup keeps 24 per thread (the
+# least setmaxnreg allows) and the two consumers get (168·384 − 24·128) / 256 = 240 (the
+# worker budgets in _fwd_kernel's warp_specialize call).
+MAXNREG = 168
+LAUNCHES = [0]  # calls of forward() since import (tests and the GPU session read it)
+
+if AVAILABLE:
+    @gluon.jit
+    def _softmax(s, m_i, l_i, start_m, start_n, qk_scale, BLOCK_M: gl.constexpr,
+                 BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr):
+        """P (unnormalised, fp32) of one tile's scores, the rescale factor, new l and m:
+        the Triton forward's _softmax_step without mask or bias."""
+        if CAUSAL:
+            if start_n + BLOCK_N > start_m:
+                rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+                cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+                ok = gl.expand_dims(rows, 1) >= gl.expand_dims(cols, 0)
+                s = gl.where(ok, s, -float("inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
+        alpha = gl.exp2(m_i - m_new)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        return p, alpha, l_i, m_new
+
+    @gluon.jit
+    def _loads(args):
+        """The producer warp (see the module docstring). Worker partitions take no
+        constexpr arguments: the sizes come from the buffers' shapes."""
+        (q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bars, k_ready,
+         k_empty, v_ready, v_empty, q_row0, kv_row0, lse_row0, start_m, n_tiles,
+         qk_scale) = args
+        BM: gl.constexpr = q_smem.type.shape[1]
+        BN: gl.constexpr = k_smem.type.shape[1]
+        NS: gl.constexpr = k_smem.type.shape[0]
+        for c in gl.static_range(2):
+            mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
+            _tma_load(q_desc, [q_row0 + start_m + c * BM, 0], q_bars.index(c),
+                      q_smem.index(c))
+        for j in range(n_tiles):
+            slot = j % NS
+            # a fresh mbarrier counts as phase 1 complete: the first pass waits for nothing
+            free = ((j // NS) & 1) ^ 1
+            mbarrier.wait(k_empty.index(slot), free)
+            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+            _tma_load(k_desc, [kv_row0 + j * BN, 0], k_ready.index(slot), k_smem.index(slot))
+            mbarrier.wait(v_empty.index(slot), free)
+            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+            _tma_load(v_desc, [kv_row0 + j * BN, 0], v_ready.index(slot), v_smem.index(slot))
+
+    @gluon.jit
+    def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr):
+        """Consumer warpgroup ``C``: query rows start_m + C·BM onward (see the module
+        docstring). Under causal, key tiles past its own rows are waited for and released,
+        not computed, so that the other warpgroup's arrivals complete each slot's phase."""
+        (q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bars, k_ready,
+         k_empty, v_ready, v_empty, q_row0, kv_row0, lse_row0, start_m, n_tiles,
+         qk_scale) = args
+        BM: gl.constexpr = q_smem.type.shape[1]
+        BN: gl.constexpr = k_smem.type.shape[1]
+        HD: gl.constexpr = k_smem.type.shape[2]
+        NS: gl.constexpr = k_smem.type.shape[0]
+        dtype: gl.constexpr = q_desc.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HD, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
+                                                     k_width=2)
+        orow: gl.constexpr = gl.SliceLayout(1, o_layout)
+        srow: gl.constexpr = gl.SliceLayout(1, s_layout)
+        my_m = start_m + C * BM
+        if CAUSAL:
+            n_own = gl.minimum(gl.cdiv(my_m + BM, BN), n_tiles)
+        else:
+            n_own = n_tiles
+        qs = q_smem.index(C)
+
+        m_i = gl.full([BM], -float("inf"), gl.float32, layout=srow)
+        l_i = gl.zeros([BM], gl.float32, layout=srow)
+        acc = gl.zeros([BM, HD], gl.float32, layout=o_layout)
+        s_zero = gl.zeros([BM, BN], gl.float32, layout=s_layout)
+
+        mbarrier.wait(q_bars.index(C), 0)
+        mbarrier.wait(k_ready.index(0), 0)
+        s = warpgroup_mma(qs, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False,
+                          is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+        mbarrier.arrive(k_empty.index(0), count=1)
+        p, alpha, l_i, m_i = _softmax(s, m_i, l_i, my_m, 0, qk_scale, BM, BN, CAUSAL,
+                                      s_layout)
+
+        for j in range(0, n_own - 1):
+            stage = j % NS
+            nxt = (j + 1) % NS
+            mbarrier.wait(k_ready.index(nxt), ((j + 1) // NS) & 1)
+            mbarrier.wait(v_ready.index(stage), (j // NS) & 1)
+            s_next = warpgroup_mma(qs, k_smem.index(nxt).permute((1, 0)), s_zero,
+                                   use_acc=False, is_async=True)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, orow), 1)
+            acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(stage),
+                                acc, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next, ))
+            mbarrier.arrive(k_empty.index(nxt), count=1)
+            p, alpha, l_i, m_i = _softmax(s, m_i, l_i, my_m, (j + 1) * BN, qk_scale, BM, BN,
+                                          CAUSAL, s_layout)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(v_empty.index(stage), count=1)
+
+        j = n_own - 1
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, orow), 1)
+        mbarrier.wait(v_ready.index(j % NS), (j // NS) & 1)
+        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(j % NS),
+                            acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(v_empty.index(j % NS), count=1)
+        for t in range(n_own, n_tiles):
+            ph = (t // NS) & 1
+            mbarrier.wait(k_ready.index(t % NS), ph)
+            mbarrier.arrive(k_empty.index(t % NS), count=1)
+            mbarrier.wait(v_ready.index(t % NS), ph)
+            mbarrier.arrive(v_empty.index(t % NS), count=1)
+
+        out = acc / gl.expand_dims(gl.convert_layout(l_i, orow), 1)
+        offs = my_m + gl.arange(0, BM, layout=srow)
+        gl.store(lse_ptr + lse_row0 + offs, m_i + gl.log2(l_i))
+        # Q's buffer is free: every product reading it has completed.
+        qs.store(out.to(dtype))
+        fence_async_shared()
+        _tma_store(o_desc, [q_row0 + my_m, 0], qs)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _consume0(args):
+        _consume(args, 0, False)
+
+    @gluon.jit
+    def _consume1(args):
+        _consume(args, 1, False)
+
+    @gluon.jit
+    def _consume0_causal(args):
+        _consume(args, 0, True)
+
+    @gluon.jit
+    def _consume1_causal(args):
+        _consume(args, 1, True)
+
+    @gluon.jit
+    def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, N_Q, N_K, H_Q,
+                    GROUP, H_KV, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    HEAD_D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+        """One program per (128 query rows, batch x query head)."""
+        dtype: gl.constexpr = q_desc.dtype
+        pid_m = gl.program_id(0)
+        bh = gl.program_id(1)
+        b = bh // H_Q
+        h = bh % H_Q
+        q_row0 = bh * N_Q
+        kv_row0 = (b * H_KV + h // GROUP) * N_K
+        start_m = pid_m * (2 * BLOCK_M)
+        if CAUSAL:
+            n_tiles = gl.minimum(gl.cdiv(start_m + 2 * BLOCK_M, BLOCK_N), N_K // BLOCK_N)
+        else:
+            n_tiles = N_K // BLOCK_N
+
+        q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_D], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
+        q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for c in gl.static_range(2):
+            mbarrier.init(q_bars.index(c), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(v_empty.index(i), count=2)
+
+        args = (q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bars,
+                k_ready, k_empty, v_ready, v_empty, q_row0, kv_row0, q_row0, start_m,
+                n_tiles, qk_scale)
+        if CAUSAL:
+            gl.warp_specialize([(_consume0_causal, (args, )), (_consume1_causal, (args, )),
+                                (_loads, (args, ))], [4, 1], [240, 24])
+        else:
+            gl.warp_specialize([(_consume0, (args, )), (_consume1, (args, )),
+                                (_loads, (args, ))], [4, 1], [240, 24])
+
+
+_CAPABILITY: dict = {}
+
+
+def _sm90(device: torch.device) -> bool:
+    if device.index not in _CAPABILITY:
+        _CAPABILITY[device.index] = torch.cuda.get_device_capability(device) == (9, 0)
+    return _CAPABILITY[device.index]
+
+
+def supported(p: Problem, dtype: torch.dtype, contiguous: bool) -> bool:
+    """Whether the problem is one this kernel computes (the device aside; ``contiguous``:
+    Q, K and V contiguous and 16-byte aligned): see the module docstring's list. Pure: no
+    device query, so the CPU suite tests it."""
+    rows_ok = p.Nq % (2 * BLOCK_M) == 0 and p.Nk % BLOCK_N == 0 and p.Nq > 0 and p.Nk > 0
+    band_ok = not p.has_lo and (not p.has_hi or p.hi_off == 0)
+    return (dtype in (torch.float16, torch.bfloat16) and contiguous and rows_ok and band_ok
+            and p.mask is None and _common.gluon_forward(p.D, p.Nk))
+
+
+def eligible(p: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the forward of this call runs here: :func:`supported`, on an sm_90 GPU, with
+    Gluon available, and not switched off (``_common.set_gluon``)."""
+    return (AVAILABLE and not INTERPRET and q.is_cuda and _common.get_gluon() == "auto"
+            and supported(p, q.dtype, all(t.is_contiguous() and t.data_ptr() % 16 == 0
+                                          for t in (q, k, v)))
+            and _sm90(q.device))
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Problem):
+    """(out, lse) as the Triton forward returns them: out (B, Hq, Nq, D) in q's dtype, lse
+    (B, Hq, Nq) fp32 in base-2 units. Only for calls :func:`eligible` accepts."""
+    gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[q.dtype]
+    out = torch.empty((p.B, p.Hq, p.Nq, p.D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((p.B, p.Hq, p.Nq), dtype=torch.float32, device=q.device)
+
+    def desc(t, rows):
+        layout = gl.NVMMASharedLayout.get_default_for([rows, p.D], gdt)
+        return TensorDescriptor.from_tensor(t.reshape(-1, p.D), [rows, p.D], layout)
+
+    LAUNCHES[0] += 1
+    # (a CPU tensor only under the sm_90a compile check, which launches nothing)
+    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
+        _fwd_kernel[(p.Nq // (2 * BLOCK_M), p.B * p.Hq)](
+            desc(q, BLOCK_M), desc(k, BLOCK_N), desc(v, BLOCK_N), desc(out, BLOCK_M), lse,
+            p.scale * math.log2(math.e), p.Nq, p.Nk, p.Hq, p.group, p.Hkv,
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_D=p.D, STAGES=STAGES, CAUSAL=p.has_hi,
+            num_warps=4, maxnreg=MAXNREG)
+    return out, lse

@@ -1,0 +1,196 @@
+"""The forward's Gluon path (kernels/flash_attention_gluon.py): where it runs, what it compiles
+to, and, on an sm_90 GPU, that it gives the Triton forward's results.
+
+On the CPU: the pure predicate (``supported``) over every condition, the switch, and the
+kernel compiled for sm_90a without a GPU (scripts/ptxas_report.py's stand-in driver, in a
+subprocess without the interpreter) with its structure read from the PTX. On an sm_90 GPU:
+the Gluon forward against the Triton one (``_common.set_gluon("off")``) on causal, GQA,
+unequal lengths and both head dims, forward and backward, and the calls it must leave to the
+Triton forward.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from flashcheck.kernels import _common
+from flashcheck.kernels import flash_attention as fa
+from flashcheck.kernels import flash_attention_gluon as fg
+from flashcheck.kernels._common import Problem
+
+ROOT = Path(__file__).resolve().parent.parent
+SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def _problem(Nq=1024, Nk=1024, D=128, causal=False, hi_off=0, has_lo=False, mask=None,
+             Hq=4, Hkv=2):
+    return Problem(B=2, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, D=D, scale=D ** -0.5, has_lo=has_lo,
+                   has_hi=causal, lo_off=0, hi_off=hi_off, is_causal=causal, mask=mask,
+                   mask_kind=0 if mask is None else 1)
+
+
+@pytest.mark.parametrize("kw, dtype, contiguous, want", [
+    (dict(), torch.bfloat16, True, True),
+    (dict(causal=True), torch.float16, True, True),
+    (dict(Nq=128, Nk=8192, D=64), torch.bfloat16, True, True),  # D 64 past 4096 keys
+    (dict(Nq=256, Nk=384, Hq=8, Hkv=1), torch.float16, True, True),  # MQA, Nq != Nk
+    (dict(), torch.float32, True, False),  # fp32: the Triton forward
+    (dict(D=64), torch.bfloat16, True, False),  # D 64 at 1024 keys: measured slower
+    (dict(Nk=4096, D=64), torch.bfloat16, True, False),
+    (dict(D=96), torch.bfloat16, True, False),
+    (dict(Nq=1000), torch.bfloat16, True, False),  # rows not a multiple of 128
+    (dict(Nk=1000), torch.bfloat16, True, False),
+    (dict(causal=True, hi_off=24), torch.bfloat16, True, False),  # bottom-right, Nk > Nq
+    (dict(has_lo=True), torch.bfloat16, True, False),  # a window's lower edge
+    (dict(mask=torch.ones(1, dtype=torch.bool)), torch.bfloat16, True, False),
+    (dict(), torch.bfloat16, False, False),  # not contiguous (B, H, N, D)
+])
+def test_supported_takes_exactly_its_problems(kw, dtype, contiguous, want):
+    assert fg.supported(_problem(**kw), dtype, contiguous) is want
+
+
+def test_eligible_never_off_the_gpu_and_the_switch_is_checked():
+    q = torch.zeros(2, 4, 1024, 128, dtype=torch.float16)
+    k = torch.zeros(2, 2, 1024, 128, dtype=torch.float16)
+    assert not fg.eligible(_problem(), q, k, k)
+    assert _common.get_gluon() == "auto"
+    with pytest.raises(ValueError, match=r"Gluon mode must be one of \('auto', 'off'\)"):
+        _common.set_gluon("on")
+    env = {**os.environ, "FLASHCHECK_GLUON": "fast"}
+    res = subprocess.run([sys.executable, "-c", "import flashcheck.kernels"], env=env,
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert res.returncode != 0 and "FLASHCHECK_GLUON must be one of" in res.stderr
+
+
+_COMPILE = r"""
+import json, sys, importlib.util, torch
+from pathlib import Path
+spec = importlib.util.spec_from_file_location("ptxas_report", "scripts/ptxas_report.py")
+rep = importlib.util.module_from_spec(spec); spec.loader.exec_module(rep)
+comp = rep._Compiler(Path(sys.argv[1])); comp.install()
+from flashcheck.kernels import flash_attention_gluon as g
+from flashcheck.kernels._common import Problem
+for causal in (False, True):
+    q = torch.empty(2, 4, 1024, 128, dtype=torch.bfloat16)
+    k = torch.empty(2, 2, 2048, 128, dtype=torch.bfloat16)
+    p = Problem(B=2, Hq=4, Hkv=2, Nq=1024, Nk=2048, D=128, scale=128 ** -0.5, has_lo=False,
+                has_hi=causal, lo_off=0, hi_off=0, is_causal=causal, mask=None, mask_kind=0)
+    g.forward(q, k, k, p)
+print(json.dumps(comp.records))
+"""
+
+
+def test_compiles_for_sm90_with_its_partitions_and_overlap(tmp_path):
+    """The kernel for sm_90a (no GPU): no spills beyond a few bytes, and in the PTX the
+    partitions' register budgets (240 for the consumers, 24 for the producer) and the
+    consumer loop's two products committed back to back, the scores waited on with the P V
+    product still in flight (``wgmma.wait_group 1``)."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    if not fg.AVAILABLE:
+        pytest.skip("this Triton has no Gluon warp_specialize")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    res = subprocess.run([sys.executable, "-c", _COMPILE, str(tmp_path)], env=env,
+                         capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    recs = json.loads(res.stdout.strip().splitlines()[-1])
+    assert len(recs) == 2 and {r["kernel"] for r in recs} == {"_fwd_kernel"}
+    for r in recs:
+        assert r["registers"] == fg.MAXNREG and r["spill_store_bytes"] <= 32, r
+        assert r["shared_bytes"] <= 227 * 1024, r
+    for ptx in tmp_path.glob("*.ptx"):
+        text = ptx.read_text()
+        assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", text)
+        assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", text)
+        lines = [x.strip() for x in text.splitlines()
+                 if "wgmma.commit" in x or "wgmma.wait" in x or "ex2.approx" in x]
+        seq = ["commit" if "commit" in x else ("wait " + x.split()[-1].rstrip(";"))
+               if "wait" in x else "ex2" for x in lines]
+        # the loop: both products committed, then the scores waited on with P V in flight
+        # (where the exponentials land in the text depends on the compiler's block order)
+        joined = " ".join(seq)
+        assert "commit commit wait 1" in joined and seq.count("ex2") >= 64, joined[-400:]
+
+
+needs_sm90 = pytest.mark.skipif(not SM90 or not fg.AVAILABLE,
+                                reason="the Gluon forward runs on sm_90 GPUs only")
+
+
+def _qkv(B, Hq, Hkv, Nq, Nk, D, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(B, Hq, Nq, D, device="cuda", dtype=dtype, generator=g)
+    k = torch.randn(B, Hkv, Nk, D, device="cuda", dtype=dtype, generator=g)
+    v = torch.randn(B, Hkv, Nk, D, device="cuda", dtype=dtype, generator=g)
+    return q, k, v
+
+
+@needs_sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, kw", [
+    ((2, 4, 4, 1024, 1024, 128, torch.bfloat16), dict(is_causal=True)),
+    ((2, 8, 2, 256, 640, 128, torch.float16), dict(enable_gqa=True)),
+    ((1, 4, 1, 384, 384, 128, torch.bfloat16),
+     dict(is_causal=True, causal_alignment="bottom_right", enable_gqa=True, scale=0.3)),
+    ((1, 2, 2, 128, 8192, 64, torch.float16), dict()),
+    ((1, 2, 2, 8192, 8192, 64, torch.bfloat16), dict(is_causal=True)),
+])
+def test_gluon_forward_gives_the_triton_forward_results(shape, kw):
+    """Out within 2 units in the last place of the dtype at its largest entry (another
+    accumulation order inside the head-dim products) and lse within 8 fp32 ulps; the
+    gradients through the shared backward from either forward's lse agree as closely."""
+    B, Hq, Hkv, Nq, Nk, D, dtype = shape
+    q, k, v = _qkv(B, Hq, Hkv, Nq, Nk, D, dtype)
+    do = torch.randn_like(q)
+    causal = kw.get("is_causal", False)
+    p = _common.validate(q, k, v, None, 0.0, causal, kw.get("scale"),
+                         kw.get("enable_gqa", False), None,
+                         kw.get("causal_alignment", "top_left"))
+    assert fg.eligible(p, q, k, v)
+    before = fg.LAUNCHES[0]
+    got = fa._forward(q, k, v, p, False)
+    assert fg.LAUNCHES[0] == before + 1
+    with _common.gluon("off"):
+        want = fa._forward(q, k, v, p, False)
+    assert fg.LAUNCHES[0] == before + 1
+    eps = torch.finfo(dtype).eps
+    bound = 2 * eps * float(want[0].float().abs().max())
+    assert float((got[0].float() - want[0].float()).abs().max()) <= bound
+    lse_bound = 8 * torch.finfo(torch.float32).eps * float(want[1].abs().max().clamp(min=1))
+    assert float((got[1] - want[1]).abs().max()) <= lse_bound
+
+    def grads():
+        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        fa.attention(qg, kg, vg, **kw).backward(do)
+        return qg.grad, kg.grad, vg.grad
+
+    g_gluon = grads()
+    with _common.gluon("off"):
+        g_triton = grads()
+    for a, b in zip(g_gluon, g_triton, strict=True):
+        assert float((a.float() - b.float()).abs().max()) <= 4 * eps * float(
+            b.float().abs().max())
+
+
+@needs_sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("kw", [
+    dict(attn_mask=True), dict(window=(8, 0)), dict(Nq=1000), dict(dtype=torch.float32),
+    dict(transposed=True)])
+def test_calls_outside_its_domain_take_the_triton_forward(kw):
+    Nq = kw.get("Nq", 256)
+    q, k, v = _qkv(1, 2, 2, Nq, 256, 128, kw.get("dtype", torch.bfloat16))
+    mask = torch.ones(Nq, 256, dtype=torch.bool, device="cuda") if kw.get("attn_mask") \
+        else None
+    if kw.get("transposed"):
+        q = q.transpose(1, 2).contiguous().transpose(1, 2)
+    before = fg.LAUNCHES[0]
+    fa.attention(q, k, v, attn_mask=mask, window=kw.get("window"))
+    torch.cuda.synchronize()
+    assert fg.LAUNCHES[0] == before
