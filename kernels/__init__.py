@@ -1,6 +1,8 @@
 """Triton flash-attention kernels under test.
 
-- :func:`attention`: FlashAttention-2 order forward and backward (``kernels.flash_attention``).
+- :func:`attention`: FlashAttention-2 order forward and backward (``kernels.flash_attention``;
+  on sm_90 its forward runs a warp-specialised Gluon kernel where that applies,
+  ``kernels.flash_attention_gluon``).
 - :func:`attention_fa1`: FlashAttention-1 order forward (K/V tiles outer, O/m/l rescaled in
   global memory), sharing the FA2 backward (``kernels.flash_attention_fa1``).
 - :func:`attention_varlen`: packed variable-length sequences (FlashAttention's
@@ -16,7 +18,8 @@ the varlen and decode kernels always launch from their heuristic tables.
 The first two take PyTorch's SDPA signature plus the ``window``/``causal_alignment``
 extensions; the last two take FlashAttention's varlen / kvcache layouts (their
 ``capabilities`` say so under ``"api"``). All carry a ``capabilities`` mapping
-(docs/contracts.md section 2). This package imports torch and triton only. On the CPU the
+(docs/contracts.md section 2). This package imports torch and triton only (Gluon is part
+of triton). On the CPU the
 kernels run under Triton's interpreter, which must be enabled with ``TRITON_INTERPRET=1``
 before triton is first imported.
 """

@@ -378,14 +378,19 @@ def set_tma(mode: str) -> None:
 
 
 @contextlib.contextmanager
-def tma(mode: str):
-    """Context manager: run the block with TMA ``mode``, then restore the previous one."""
-    prev = _tma_mode[0]
-    set_tma(mode)
+def _switched(store: list, setter, mode: str):
+    """Run the block with ``setter(mode)`` applied, then put ``store[0]`` back."""
+    prev = store[0]
+    setter(mode)
     try:
         yield
     finally:
-        _tma_mode[0] = prev
+        store[0] = prev
+
+
+def tma(mode: str):
+    """Context manager: run the block with TMA ``mode``, then restore the previous one."""
+    return _switched(_tma_mode, set_tma, mode)
 
 
 def use_tma(kind: str, device: torch.device, elem: int, block_d: int,
@@ -411,7 +416,7 @@ if _gluon_mode[0] not in GLUON_MODES:
 # The forward's Gluon path (kernels/flash_attention_gluon.py) by head dim: the smallest key
 # length it takes. Measured beside the Triton forward on the H200, the 24 configurations of
 # kernels/bench.py in one call (docs/benchmarks/sweep.md round 17): at D = 128 faster in all
-# 12 (1.01-1.25x); at D = 64 faster at N = 16K (1.02-1.04x), not at 1K (0.92-0.98x) nor at
+# 12 (1.01-1.28x); at D = 64 faster at N = 16K (1.02-1.05x), not at 1K (0.92-1.00x) nor at
 # 4K fp16 (0.99x).
 GLUON_FWD_MIN_KEYS = {128: 1, 64: 4097}
 
@@ -425,15 +430,9 @@ def set_gluon(mode: str) -> None:
     _gluon_mode[0] = mode
 
 
-@contextlib.contextmanager
 def gluon(mode: str):
     """Context manager: run the block with Gluon ``mode``, then restore the previous one."""
-    prev = _gluon_mode[0]
-    set_gluon(mode)
-    try:
-        yield
-    finally:
-        _gluon_mode[0] = prev
+    return _switched(_gluon_mode, set_gluon, mode)
 
 
 def get_gluon() -> str:
@@ -488,15 +487,9 @@ def get_tuning() -> str:
     return _mode[0]
 
 
-@contextlib.contextmanager
 def tuning(mode: str):
     """Context manager: run the block with tuning ``mode``, then restore the previous one."""
-    prev = get_tuning()
-    set_tuning(mode)
-    try:
-        yield
-    finally:
-        _mode[0] = prev
+    return _switched(_mode, set_tuning, mode)
 
 
 def _device_properties(device_index: int | None) -> dict:

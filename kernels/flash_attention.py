@@ -15,7 +15,9 @@ Layout of this module (Triton fused-attention tutorial / Liger-Kernel style):
 - ``_hopper_flags``: the schedule flags of a launch (``_common.SCHEDULE_TABLE``): tile loads
   through tensor descriptors (``_tma_tile``), a warp-specialised loop, last tile first;
   all bit-identical to the plain path;
-- ``_forward``/``_backward``: launchers; ``_Attention``: the ``autograd.Function``;
+- ``_forward``/``_backward``: launchers (``_forward`` hands the calls
+  ``flash_attention_gluon.eligible`` accepts to the Gluon forward on sm_90); ``_Attention``:
+  the ``autograd.Function``;
 - ``attention``: the public SDPA-compatible entry; ``attention_ext`` adds the non-SDPA
   knobs (``deterministic``, ``allow_tf32``); ``attention_atomic``/``attention_tf32`` are
   those knobs pre-set.
