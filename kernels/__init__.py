@@ -19,9 +19,8 @@ The first two take PyTorch's SDPA signature plus the ``window``/``causal_alignme
 extensions; the last two take FlashAttention's varlen / kvcache layouts (their
 ``capabilities`` say so under ``"api"``). All carry a ``capabilities`` mapping
 (docs/contracts.md section 2). This package imports torch and triton only (Gluon is part
-of triton). On the CPU the
-kernels run under Triton's interpreter, which must be enabled with ``TRITON_INTERPRET=1``
-before triton is first imported.
+of triton). On the CPU the kernels run under Triton's interpreter, which must be enabled
+with ``TRITON_INTERPRET=1`` before triton is first imported.
 """
 
 from flashcheck.kernels._common import get_tuning, set_tuning, tuning

@@ -31,8 +31,9 @@ with Nq == Nk), GQA included, in either tuning mode (one fixed configuration: au
 mode tunes the Triton kernels of the other calls); ``_common.set_gluon("off")`` (or
 ``FLASHCHECK_GLUON=off``) turns it off. ``LAUNCHES`` counts its calls.
 
-Caveats: written against Triton 3.6's Gluon (sm_90a); with a Gluon that lacks an API used
-here :func:`eligible` is False and the Triton forward runs. Not run by the CPU interpreter
+Caveats: written against Triton 3.6's Gluon (sm_90a; it compiles under 3.9 too, where the
+TMA copies are renamed); where Gluon does not import or has no ``warp_specialize``,
+:func:`eligible` is False and the Triton forward runs. Not run by the CPU interpreter
 (Gluon has none); ``tests/test_flash_gluon.py`` compiles it for sm_90a without a GPU.
 """
 
