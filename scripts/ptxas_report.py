@@ -44,7 +44,7 @@ SHAPE = dict(B=16, H=16, N=4096)  # the benchmark shape (kernels.bench, sweep_ho
 SHOWN = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "TMA", "WS", "REVERSE", "BAND", "ATOMIC_DQ", "ROWS",
          "EARLY", "PERSIST", "HALVES")
 KERNELS = {"fwd": "_fwd_kernel_impl", "dkdv": "_bwd_dkdv_kernel_impl",
-           "dq": "_bwd_dq_kernel_impl"}
+           "dq": "_bwd_dq_kernel_impl"}  # the Gluon forward is "_fwd_kernel"
 
 
 def _sweep_module():
@@ -158,8 +158,13 @@ class _Compiler:
 
 
 def _patch_for_h200() -> None:
-    """The launch points and flags an sm_90 device gets, on CPU tensors."""
+    """The launch points and flags an sm_90 device gets, on CPU tensors; the forward's Gluon
+    path where an sm_90 device takes it (a sweep variant turns it off: sweep_hopper._forced)."""
     from flashcheck.kernels import _common
+    from flashcheck.kernels import flash_attention_gluon as fg
+    fg.eligible = lambda p, q, k, v: (fg.AVAILABLE and _common.get_gluon() == "auto"
+                                      and fg.supported(p, q.dtype, all(
+                                          t.is_contiguous() for t in (q, k, v))))
     _common.launch_point = lambda kind, bd, elem, causal, device: _common.fixed_point(
         kind, bd, elem, causal, H200_SMEM)
     _common.use_tma = lambda kind, device, elem, bd, band=False: bool(

@@ -39,8 +39,10 @@ class _Opts:
 
 
 def _run(fa, inp, fwd_fusion: bool, bwd_fusion: bool):
-    from flashcheck.kernels._common import validate
+    from flashcheck.kernels._common import gluon, validate
     paths, pre = dict(fa._PATHS), fa._bwd_preprocess
+    off = gluon("off")  # the Triton kernels' fusion is probed: their forward, not Gluon's
+    off.__enter__()
     try:
         for kind, (fixed, tuned, outer, inner) in paths.items():
             on = fwd_fusion if kind == "fwd" else bwd_fusion
@@ -55,6 +57,7 @@ def _run(fa, inp, fwd_fusion: bool, bwd_fusion: bool):
     finally:
         fa._PATHS.update(paths)
         fa._bwd_preprocess = pre
+        off.__exit__(None, None, None)
     return dict(out=out, lse=lse, dq=dq, dk=dk, dv=dv)
 
 

@@ -269,7 +269,8 @@ def _forced(var: dict | None):
     """Context: the package launches ``var`` for its kind (point, TMA, WS, ROWS, EARLY,
     PERSIST, HALVES);
     every other kind at the table's point, on the pointer path unless ``var["others"]`` is
-    "table" (then with the table's flags too)."""
+    "table" (then with the table's flags too). The forward is the Triton one throughout (its
+    Gluon path off: the sweep times the Triton kernels' launch points)."""
     from flashcheck.kernels import _common
     from flashcheck.kernels import flash_attention as fa
 
@@ -278,6 +279,8 @@ def _forced(var: dict | None):
             self.orig_lp = _common.launch_point
             self.orig_hf = fa._hopper_flags
             self.orig_ur = _common.use_reduce
+            self.gluon = _common.gluon("off")
+            self.gluon.__enter__()
             if var is not None and "reduce" in var:
                 _common.use_reduce = lambda device: bool(var["reduce"])
 
@@ -311,6 +314,7 @@ def _forced(var: dict | None):
             _common.launch_point = self.orig_lp
             fa._hopper_flags = self.orig_hf
             _common.use_reduce = self.orig_ur
+            self.gluon.__exit__(*exc)
             return False
 
     return Ctx()
