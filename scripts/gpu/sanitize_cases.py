@@ -14,9 +14,9 @@ import argparse
 import sys
 
 import torch
+from flashcheck.kernels import flash_attention_gluon
 
 from flashcheck import kernels
-from flashcheck.kernels import flash_attention_gluon
 
 
 def main(argv=None) -> int:
