@@ -1,0 +1,307 @@
+"""A Hopper dK/dV kernel in Gluon, the forward's structure (kernels/flash_attention_gluon.py)
+for the backward: compiled here, timed and checked on the H200.
+
+    python3 scripts/gpu/gluon_bwd.py --out FILE.json        (on the H200)
+    python3 scripts/gpu/gluon_bwd.py --compile-only [--ptx-dir DIR]   (anywhere, triton 3.6)
+
+Per program 128 keys of one batch and head: a producer warp loads K and V once per consumer
+and streams Q and dO tiles of 64 query rows through two-slot rings (``ready``/``empty``
+mbarriers, a slot refilled when both consumers released it); two consumer warpgroups of
+64 keys each, partitions of their own, run per query tile i: issue Sᵀ = K Q(i)ᵀ and
+dPᵀ = V dO(i)ᵀ; wait for Sᵀ (dPᵀ still in flight), Pᵀ = exp2(Sᵀ·c − lse(i)); issue
+dV += Pᵀ dO(i); wait for dPᵀ, dSᵀ = Pᵀ ∘ (dPᵀ − δ(i)) (Pᵀ in fp32); issue dK += dSᵀ Q(i);
+wait for both before the slot goes back. dK is scaled once at the end. The arithmetic of
+our Triton dK/dV kernel (P and dS rounded to the input dtype before their products, fp32
+accumulators, base-2 lse), so dK and dV match it to the accumulation order.
+
+A prototype: bf16/fp16, contiguous (B, H, N, D), MHA, N a multiple of 128, D 64 or 128, no
+mask but causal (top-left); dK/dV only (the delta preprocess and dQ stay the Triton
+kernels'). On a GPU it checks dK and dV against our backward and times the kernel beside
+our whole backward and cuDNN's (median of ``triton.testing.do_bench``). Not yet run on a
+GPU: docs/reports/README.md's next-session plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import sys
+from functools import partial
+from pathlib import Path
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+_ROOT = Path(__file__).resolve().parents[2]
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+
+BLOCK_N = 64  # keys per consumer warpgroup (two per program)
+BLOCK_M = 64  # query rows per streamed tile
+STAGES = 2
+
+
+@gluon.jit
+def _loads(args):
+    """Producer warp: K and V of each consumer once, then Q and dO tile by tile."""
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, k_smem, v_smem,
+     q_smem, do_smem, kv_bars, q_ready, q_empty, row0, start_n, m_lo, n_qtiles,
+     qk_scale, sm_scale) = args
+    BN: gl.constexpr = k_smem.type.shape[1]
+    BM: gl.constexpr = q_smem.type.shape[1]
+    NS: gl.constexpr = q_smem.type.shape[0]
+    for c in gl.static_range(2):
+        mbarrier.expect(kv_bars.index(c), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        _tma_load(k_desc, [row0 + start_n + c * BN, 0], kv_bars.index(c), k_smem.index(c))
+        _tma_load(v_desc, [row0 + start_n + c * BN, 0], kv_bars.index(c), v_smem.index(c))
+    for i in range(n_qtiles):
+        slot = i % NS
+        free = ((i // NS) & 1) ^ 1
+        mbarrier.wait(q_empty.index(slot), free)
+        mbarrier.expect(q_ready.index(slot),
+                        q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        m = row0 + m_lo + i * BM
+        _tma_load(q_desc, [m, 0], q_ready.index(slot), q_smem.index(slot))
+        _tma_load(do_desc, [m, 0], q_ready.index(slot), do_smem.index(slot))
+
+
+@gluon.jit
+def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr):
+    """Consumer warpgroup ``C``: keys start_n + C·BN onward (see the module docstring).
+    Under causal, query tiles wholly above its keys are waited for and released, not
+    computed (the producer streams from the program's first query tile)."""
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, k_smem, v_smem,
+     q_smem, do_smem, kv_bars, q_ready, q_empty, row0, start_n, m_lo, n_qtiles,
+     qk_scale, sm_scale) = args
+    BN: gl.constexpr = k_smem.type.shape[1]
+    HD: gl.constexpr = k_smem.type.shape[2]
+    BM: gl.constexpr = q_smem.type.shape[1]
+    NS: gl.constexpr = q_smem.type.shape[0]
+    dtype: gl.constexpr = q_desc.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HD, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout,
+                                                 k_width=2)
+    cols: gl.constexpr = gl.SliceLayout(0, s_layout)
+    my_n = start_n + C * BN
+    ks = k_smem.index(C)
+    vs = v_smem.index(C)
+    dk = gl.zeros([BN, HD], gl.float32, layout=acc_layout)
+    dv = gl.zeros([BN, HD], gl.float32, layout=acc_layout)
+    s_zero = gl.zeros([BN, BM], gl.float32, layout=s_layout)
+    mbarrier.wait(kv_bars.index(C), 0)
+    for i in range(n_qtiles):
+        slot = i % NS
+        m0 = m_lo + i * BM
+        mbarrier.wait(q_ready.index(slot), (i // NS) & 1)
+        live = m0 + BM > my_n  # under causal: some of these queries see this warpgroup's keys
+        if not CAUSAL:
+            live = m0 >= 0
+        if live:
+            qs = q_smem.index(slot)
+            dos = do_smem.index(slot)
+            st = warpgroup_mma(ks, qs.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            dpt = warpgroup_mma(vs, dos.permute((1, 0)), s_zero, use_acc=False,
+                                is_async=True)
+            st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
+            offs_m = m0 + gl.arange(0, BM, layout=cols)
+            lse = gl.load(lse_ptr + row0 + offs_m)
+            pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))
+            if CAUSAL:
+                keys = my_n + gl.arange(0, BN, layout=gl.SliceLayout(1, s_layout))
+                pt = gl.where(gl.expand_dims(offs_m, 0) >= gl.expand_dims(keys, 1), pt, 0.0)
+            p_in = pt.to(dtype)
+            dv = warpgroup_mma(gl.convert_layout(p_in, a_layout), dos, dv, is_async=True)
+            dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
+            delta = gl.load(delta_ptr + row0 + offs_m)
+            dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)
+            dk = warpgroup_mma(gl.convert_layout(dst, a_layout), qs, dk, is_async=True)
+            dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+        mbarrier.arrive(q_empty.index(slot), count=1)
+    # dK's scale once at the end, as our Triton kernel does; out through K's / V's buffers
+    ks.store((dk * sm_scale).to(dtype))
+    vs.store(dv.to(dtype))
+    fence_async_shared()
+    _tma_store(dk_desc, [row0 + my_n, 0], ks)
+    _tma_store(dv_desc, [row0 + my_n, 0], vs)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _consume0(args):
+    _consume(args, 0, False)
+
+
+@gluon.jit
+def _consume1(args):
+    _consume(args, 1, False)
+
+
+@gluon.jit
+def _consume0_causal(args):
+    _consume(args, 0, True)
+
+
+@gluon.jit
+def _consume1_causal(args):
+    _consume(args, 1, True)
+
+
+@gluon.jit
+def _dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr,
+                 qk_scale, sm_scale, N_CTX, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr,
+                 HEAD_D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """One program per (128 keys, batch x head)."""
+    dtype: gl.constexpr = q_desc.dtype
+    pid_n = gl.program_id(0)
+    bh = gl.program_id(1)
+    row0 = bh * N_CTX
+    start_n = pid_n * (2 * BLOCK_N)
+    if CAUSAL:
+        m_lo = (start_n // BLOCK_M) * BLOCK_M  # query rows above the keys see none of them
+    else:
+        m_lo = 0
+    n_qtiles = (N_CTX - m_lo) // BLOCK_M
+
+    k_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HEAD_D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HEAD_D], v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_D], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_D], do_desc.layout)
+    kv_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for c in gl.static_range(2):
+        mbarrier.init(kv_bars.index(c), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=2)
+
+    args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, k_smem,
+            v_smem, q_smem, do_smem, kv_bars, q_ready, q_empty, row0, start_n, m_lo,
+            n_qtiles, qk_scale, sm_scale)
+    if CAUSAL:
+        gl.warp_specialize([(_consume0_causal, (args, )), (_consume1_causal, (args, )),
+                            (_loads, (args, ))], [4, 1], [240, 24])
+    else:
+        gl.warp_specialize([(_consume0, (args, )), (_consume1, (args, )),
+                            (_loads, (args, ))], [4, 1], [240, 24])
+
+
+def dkdv(q, k, v, do, lse, delta, causal: bool):
+    """dK, dV of softmax(Q Kᵀ / √D) V for ``do``, from the forward's base-2 ``lse`` and
+    delta = rowsum(dO ∘ O) (both fp32, (B, H, N))."""
+    B, H, N, D = q.shape
+    if N % (2 * BLOCK_N) or D not in (64, 128) or not all(
+            t.is_contiguous() and t.shape == q.shape for t in (k, v, do)):
+        raise ValueError(f"gluon_bwd: contiguous q, k, v, do of one shape, N a multiple of "
+                         f"{2 * BLOCK_N}, D 64 or 128; got {tuple(q.shape)}")
+    gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[q.dtype]
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+
+    def desc(t, rows):
+        layout = gl.NVMMASharedLayout.get_default_for([rows, D], gdt)
+        return TensorDescriptor.from_tensor(t.reshape(-1, D), [rows, D], layout)
+
+    scale = D ** -0.5
+    _dkdv_kernel[(N // (2 * BLOCK_N), B * H)](
+        desc(q, BLOCK_M), desc(k, BLOCK_N), desc(v, BLOCK_N), desc(do, BLOCK_M),
+        desc(dk, BLOCK_N), desc(dv, BLOCK_N), lse, delta, scale * math.log2(math.e), scale,
+        N, BLOCK_N=BLOCK_N, BLOCK_M=BLOCK_M, HEAD_D=D, STAGES=STAGES, CAUSAL=causal,
+        num_warps=4, maxnreg=168)
+    return dk, dv
+
+
+def _compile_only(ptx_dir: Path | None) -> int:
+    spec = importlib.util.spec_from_file_location("ptxas_report", _ROOT / "scripts/ptxas_report.py")
+    rep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rep)
+    comp = rep._Compiler(ptx_dir)
+    comp.install()
+    for D in (128, 64):
+        for causal in (False, True):
+            comp.tag = f"D={D} causal={causal}"
+            t = torch.empty(16, 16, 4096, D, dtype=torch.bfloat16)
+            r = torch.empty(16, 16, 4096, dtype=torch.float32)
+            try:
+                dkdv(t, t, t, t, r, r, causal)
+            except Exception as e:  # noqa: BLE001 - reported per variant
+                print(comp.tag, "error:", type(e).__name__, str(e)[:400])
+    for r in comp.records:
+        print(json.dumps(r))
+    return 0
+
+
+def _on_gpu(out: Path) -> int:
+    import torch.nn.functional as F
+    import triton
+    import triton.testing
+    from flashcheck.kernels import _common
+    from flashcheck.kernels import flash_attention as fa
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def bench(fn):
+        return triton.testing.do_bench(fn, return_mode="median")
+
+    res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
+               triton=triton.__version__, rows=[])
+    for D in (128, 64):
+        for causal in (False, True):
+            g = torch.Generator(device="cuda").manual_seed(0)
+            q, k, v, do = (torch.randn(16, 16, 4096, D, device="cuda", dtype=torch.bfloat16,
+                                       generator=g) for _ in range(4))
+            p = _common.validate(q, k, v, None, 0.0, causal, None, False, None, "top_left")
+            o, lse = fa._forward(q, k, v, p, False)
+            delta = (o.float() * do.float()).sum(-1)
+            _, ref_dk, ref_dv = fa._backward(do, q, k, v, o, lse, p, True, False)
+            row = dict(D=D, causal=causal,
+                       ours_bwd_ms=bench(partial(fa._backward, do, q, k, v, o, lse, p, True,
+                                                 False)))
+            qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                y = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+                row["cudnn_bwd_ms"] = bench(partial(torch.autograd.grad, y, (qg, kg, vg), do,
+                                                    retain_graph=True))
+            run = partial(dkdv, q, k, v, do, lse, delta, causal)
+            try:
+                dk, dv = run()
+                torch.cuda.synchronize()
+                row["gluon_dkdv"] = dict(
+                    dk_max_abs_vs_ours=float((dk.float() - ref_dk.float()).abs().max()),
+                    dv_max_abs_vs_ours=float((dv.float() - ref_dv.float()).abs().max()),
+                    ms=bench(run))
+            except Exception as e:  # noqa: BLE001 - reported per variant
+                row["gluon_dkdv"] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
+            print(json.dumps(row), flush=True)
+            res["rows"].append(row)
+            out.write_text(json.dumps(res, indent=1))
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, help="JSON of the GPU run")
+    ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--ptx-dir", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if args.compile_only:
+        return _compile_only(args.ptx_dir)
+    if args.out is None:
+        ap.error("--out is required on a GPU")
+    return _on_gpu(args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
