@@ -138,6 +138,8 @@ def _qkv(B, Hq, Hkv, Nq, Nk, D, dtype, seed=0):
     ((2, 8, 2, 256, 640, 128, torch.float16), dict(enable_gqa=True)),
     ((1, 4, 1, 384, 384, 128, torch.bfloat16),
      dict(is_causal=True, causal_alignment="bottom_right", enable_gqa=True, scale=0.3)),
+    ((1, 2, 2, 512, 256, 128, torch.bfloat16), dict(is_causal=True)),  # rows past the keys
+    ((1, 2, 2, 256, 640, 128, torch.float16), dict(is_causal=True)),  # top-left, Nk > Nq
     ((1, 2, 2, 128, 8192, 64, torch.float16), dict()),
     ((1, 2, 2, 8192, 8192, 64, torch.bfloat16), dict(is_causal=True)),
 ])
