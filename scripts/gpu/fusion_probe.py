@@ -41,23 +41,23 @@ class _Opts:
 def _run(fa, inp, fwd_fusion: bool, bwd_fusion: bool):
     from flashcheck.kernels._common import gluon, validate
     paths, pre = dict(fa._PATHS), fa._bwd_preprocess
-    off = gluon("off")  # the Triton kernels' fusion is probed: their forward, not Gluon's
-    off.__enter__()
-    try:
-        for kind, (fixed, tuned, outer, inner) in paths.items():
-            on = fwd_fusion if kind == "fwd" else bwd_fusion
-            fa._PATHS[kind] = (_Opts(fixed, dict(enable_fp_fusion=on)), tuned, outer, inner)
-        fa._bwd_preprocess = _Opts(pre, dict(enable_fp_fusion=bwd_fusion))
-        q, k, v = inp.query, inp.key, inp.value
-        p = validate(q, k, v, inp.attn_mask, 0.0, inp.is_causal, inp.scale, inp.enable_gqa,
-                     inp.window, inp.causal_alignment)
-        out, lse = fa._forward(q, k, v, p, False)
-        dq, dk, dv = fa._backward(inp.grad_out, q, k, v, out, lse, p, True, False)
-        torch.cuda.synchronize()
-    finally:
-        fa._PATHS.update(paths)
-        fa._bwd_preprocess = pre
-        off.__exit__(None, None, None)
+    # the Triton kernels' fusion is probed: their forward, not the Gluon one
+    with gluon("off"):
+        try:
+            for kind, (fixed, tuned, outer, inner) in paths.items():
+                on = fwd_fusion if kind == "fwd" else bwd_fusion
+                fa._PATHS[kind] = (_Opts(fixed, dict(enable_fp_fusion=on)), tuned, outer,
+                                   inner)
+            fa._bwd_preprocess = _Opts(pre, dict(enable_fp_fusion=bwd_fusion))
+            q, k, v = inp.query, inp.key, inp.value
+            p = validate(q, k, v, inp.attn_mask, 0.0, inp.is_causal, inp.scale,
+                         inp.enable_gqa, inp.window, inp.causal_alignment)
+            out, lse = fa._forward(q, k, v, p, False)
+            dq, dk, dv = fa._backward(inp.grad_out, q, k, v, out, lse, p, True, False)
+            torch.cuda.synchronize()
+        finally:
+            fa._PATHS.update(paths)
+            fa._bwd_preprocess = pre
     return dict(out=out, lse=lse, dq=dq, dk=dk, dv=dv)
 
 

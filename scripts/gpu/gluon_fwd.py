@@ -196,6 +196,8 @@ def _package_forward(q, k, v, causal):
 def forward(q, k, v, causal: bool, block_m=128, block_n=64, stages=2, num_warps=8,
             ws=False):
     """O and the base-2 lse of softmax(Q Kᵀ / √D) V (see the module docstring's limits)."""
+    if ws == "2wg":
+        return _package_forward(q, k, v, causal)  # its own checks and buffers
     B, H, N, D = q.shape
     if N % block_m or N % block_n or k.shape != q.shape or v.shape != q.shape:
         raise ValueError(f"gluon_fwd: N={N} must be a multiple of {block_m} and {block_n}, "
@@ -208,8 +210,6 @@ def forward(q, k, v, causal: bool, block_m=128, block_n=64, stages=2, num_warps=
         layout = gl.NVMMASharedLayout.get_default_for([rows, D], gdt)
         return TensorDescriptor.from_tensor(t.reshape(B * H * N, D), [rows, D], layout)
 
-    if ws == "2wg":
-        return _package_forward(q, k, v, causal)
     _attn_fwd[(N // block_m, B * H)](
         desc(q, block_m), desc(k, block_n), desc(v, block_n), desc(o, block_m), lse,
         D ** -0.5 * math.log2(math.e), N, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D,
