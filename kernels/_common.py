@@ -29,6 +29,7 @@ import triton
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
 
+LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x · LOG2E), the kernels' base-2 softmax
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 MAX_HEAD_DIM = 256
@@ -87,6 +88,12 @@ def contraction_family() -> tuple[str, ...]:
     score (sm_90 PTX, triton 3.6), so the backward's P uses another rounding of each score
     than the forward's lse. The interpreter rounds every operation."""
     return () if INTERPRET else ("bias_fma_split",)
+
+
+def device_ctx(t: torch.Tensor):
+    """``t``'s CUDA device as the current one for a launch; a null context for CPU tensors
+    (the interpreter, and the compile-only checks that launch nothing)."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
 def _is_int(x) -> bool:

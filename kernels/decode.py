@@ -50,10 +50,12 @@ from flashcheck.kernels import _common
 from flashcheck.kernels._common import (
     BF16_INTERPRETER_REASON,
     INTERPRET,
+    LOG2E,
     SUPPORTED_DTYPES,
     block_d,
+    device_ctx,
 )
-from flashcheck.kernels.flash_attention import LOG2E, _device_ctx, _precision, _unit_last
+from flashcheck.kernels.flash_attention import _precision, _unit_last
 from flashcheck.kernels.varlen import (
     _attend_keys,
     _jit,
@@ -226,7 +228,7 @@ def _forward(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits)
     opart = torch.empty((B, Hq, splits, Nq, D), dtype=torch.float32, device=q.device)
     lpart = torch.empty((B, Hq, splits, Nq), dtype=torch.float32, device=q.device)
     out = torch.empty((B, Nq, Hq, D), dtype=q.dtype, device=q.device)
-    with _device_ctx(q):
+    with device_ctx(q):
         _decode_split_kernel[(head_groups, B * Hkv, splits)](
             q, k_cache, v_cache, block_table, cache_seqlens, opart, lpart,
             *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_table.stride(),

@@ -51,15 +51,15 @@ from flashcheck.kernels._common import (
     BF16_INTERPRETER_REASON,
     DTYPE_NAMES,
     INTERPRET,
+    LOG2E,
     Problem,
     block_d,
+    device_ctx,
     make_configs,
     make_pruner,
     validate,
 )
 from triton.tools.tensor_descriptor import TensorDescriptor
-
-LOG2E = 1.4426950408889634
 
 # ----------------------------------------------------------------------------- jit helpers
 
@@ -1056,18 +1056,6 @@ def _launch(kind: str, grid, head: tuple, streamed: tuple, tail: tuple, kwargs: 
         tuned[grid](*args(16), **kwargs, **flags)
 
 
-def _device_ctx(t: torch.Tensor):
-    return torch.cuda.device(t.device) if t.is_cuda else _NullCtx()
-
-
-class _NullCtx:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
 def _stats_buffer(count: bool, n_programs: int, device) -> torch.Tensor | None:
     return torch.zeros(2 * n_programs, dtype=torch.int32, device=device) if count else None
 
@@ -1094,7 +1082,7 @@ def _forward(q, k, v, p: Problem, allow_tf32: bool, stats: list | None = None):
     if count:
         # Enough slots for the smallest tile of any config (16 rows).
         buf = _stats_buffer(True, triton.cdiv(p.Nq, 16) * p.B * p.Hq, q.device)
-    with _device_ctx(q):
+    with device_ctx(q):
         _launch("fwd", grid, (q, k, v, mask, out, lse, buf if count else lse), (k, v), (
             *q.stride(), *k.stride(), *v.stride(), *_strides(p.mask), *out.stride(),
             p.Hq, p.group, p.Nq, p.Nk, p.D, p.scale * LOG2E, *_band_args(p)[1:],
@@ -1129,7 +1117,7 @@ def _backward(do, q, k, v, out, lse, p: Problem, deterministic: bool, allow_tf32
     atomic = 0 if deterministic else (
         2 if _common.use_reduce(dev) and _tma_layout_ok(dq_acc) else 1)
     pre_block = 16 if INTERPRET else 64
-    with _device_ctx(q):
+    with device_ctx(q):
         _bwd_preprocess[(triton.cdiv(p.Nq, pre_block), p.B * p.Hq)](
             out, do, delta, *out.stride(), *do.stride(), p.Hq, p.Nq, p.D,
             BLOCK_M=pre_block, BLOCK_D=Dp, ALIGNED=consts["ALIGNED"])

@@ -38,12 +38,18 @@ import functools
 import torch
 import triton
 import triton.language as tl
-from flashcheck.kernels._common import INTERPRET, INTERPRETER_BLOCK, Problem, block_d, validate
-from flashcheck.kernels.flash_attention import (
+from flashcheck.kernels._common import (
+    INTERPRET,
+    INTERPRETER_BLOCK,
     LOG2E,
+    Problem,
+    block_d,
+    device_ctx,
+    validate,
+)
+from flashcheck.kernels.flash_attention import (
     _band_args,
     _band_range,
-    _device_ctx,
     _load_2d,
     _mask_arg,
     _no_spec,
@@ -174,7 +180,7 @@ def _forward_fa1(q, k, v, p: Problem, allow_tf32: bool, stats: list | None = Non
     n_groups = triton.cdiv(triton.cdiv(p.Nq, BM), Q_TILES_PER_PROGRAM)
     buf = torch.zeros(n_groups * p.B * p.Hq, dtype=torch.int32, device=dev) if stats is not None \
         else lse
-    with _device_ctx(q):
+    with device_ctx(q):
         _fa1_fwd_kernel[(n_groups, p.B * p.Hq)](
             q, k, v, _mask_arg(p, q), out, lse, o_acc, m_row, l_row, buf,
             *q.stride(), *k.stride(), *v.stride(), *_strides(p.mask), *out.stride(),

@@ -39,9 +39,6 @@ TMA copies are renamed); where Gluon does not import or has no ``warp_specialize
 
 from __future__ import annotations
 
-import contextlib
-import math
-
 import torch
 from flashcheck.kernels import _common
 from flashcheck.kernels._common import INTERPRET, Problem
@@ -261,13 +258,8 @@ if AVAILABLE:
                                 (_loads, (args, ))], [4, 1], [240, 24])
 
 
-_CAPABILITY: dict = {}
-
-
 def _sm90(device: torch.device) -> bool:
-    if device.index not in _CAPABILITY:
-        _CAPABILITY[device.index] = torch.cuda.get_device_capability(device) == (9, 0)
-    return _CAPABILITY[device.index]
+    return torch.cuda.get_device_capability(device) == (9, 0)
 
 
 def supported(p: Problem, dtype: torch.dtype, contiguous: bool) -> bool:
@@ -280,13 +272,20 @@ def supported(p: Problem, dtype: torch.dtype, contiguous: bool) -> bool:
             and p.mask is None and _common.gluon_forward(p.D, p.Nk))
 
 
-def eligible(p: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether the forward of this call runs here: :func:`supported`, on an sm_90 GPU, with
-    Gluon available, and not switched off (``_common.set_gluon``)."""
-    return (AVAILABLE and not INTERPRET and q.is_cuda and _common.get_gluon() == "auto"
+def fits(p: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """The call's side of :func:`eligible`: Gluon available and not switched off
+    (``_common.set_gluon``), and :func:`supported` on these tensors' dtype, contiguity and
+    16-byte alignment. No device query (the sm_90a compile report installs it as
+    ``eligible`` on CPU tensors)."""
+    return (AVAILABLE and _common.get_gluon() == "auto"
             and supported(p, q.dtype, all(t.is_contiguous() and t.data_ptr() % 16 == 0
-                                          for t in (q, k, v)))
-            and _sm90(q.device))
+                                          for t in (q, k, v))))
+
+
+def eligible(p: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the forward of this call runs here: :func:`fits`, on an sm_90 GPU, outside
+    the interpreter."""
+    return not INTERPRET and q.is_cuda and fits(p, q, k, v) and _sm90(q.device)
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Problem):
@@ -302,10 +301,10 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Problem):
 
     LAUNCHES[0] += 1
     # (a CPU tensor only under the sm_90a compile check, which launches nothing)
-    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
+    with _common.device_ctx(q):
         _fwd_kernel[(p.Nq // (2 * BLOCK_M), p.B * p.Hq)](
             desc(q, BLOCK_M), desc(k, BLOCK_N), desc(v, BLOCK_N), desc(out, BLOCK_M), lse,
-            p.scale * math.log2(math.e), p.Nq, p.Nk, p.Hq, p.group, p.Hkv,
+            p.scale * _common.LOG2E, p.Nq, p.Nk, p.Hq, p.group, p.Hkv,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_D=p.D, STAGES=STAGES, CAUSAL=p.has_hi,
             num_warps=4, maxnreg=MAXNREG)
     return out, lse

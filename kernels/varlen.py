@@ -47,18 +47,18 @@ from flashcheck.kernels import _common
 from flashcheck.kernels._common import (
     BF16_INTERPRETER_REASON,
     INTERPRET,
+    LOG2E,
     SUPPORTED_DTYPES,
     Problem,
     block_d,
+    device_ctx,
     validate,
 )
 from flashcheck.kernels.flash_attention import (
     _NO_SPEC,
-    LOG2E,
     _a16,
     _band_range,
     _bwd_preprocess,
-    _device_ctx,
     _dkdv_inner,
     _dq_inner,
     _fwd_inner,
@@ -371,7 +371,7 @@ def _forward(q, k, v, cu_q, cu_k, c: _Varlen):
     meta = _config("fwd", c, q)
     grid = (triton.cdiv(c.max_seqlen_q, meta["BLOCK_M"]), c.batch * p.Hq)
     if grid[0] > 0:
-        with _device_ctx(q):
+        with device_ctx(q):
             _varlen_fwd_kernel[grid](
                 q, k, v, out, lse, cu_q, cu_k, *q.stride(), *k.stride(), *v.stride(),
                 *out.stride(), p.Hq, p.group, total_q, p.D, p.scale * LOG2E, *c.band_args(),
@@ -392,7 +392,7 @@ def _backward(do, q, k, v, out, lse, cu_q, cu_k, c: _Varlen):
     grid_kv = (triton.cdiv(c.max_seqlen_k, meta_kv["BLOCK_N"]), c.batch * p.Hkv)
     grid_q = (triton.cdiv(c.max_seqlen_q, meta_q["BLOCK_M"]), c.batch * p.Hq)
     consts = c.consts(q, q, k, v, do, out, dq, dk)
-    with _device_ctx(q):
+    with device_ctx(q):
         if total_q > 0:
             # The dense preprocess over one "batch" of total_q rows: delta is (Hq, total_q).
             _bwd_preprocess[(triton.cdiv(total_q, PRE_BLOCK), p.Hq)](

@@ -162,9 +162,7 @@ def _patch_for_h200() -> None:
     path where an sm_90 device takes it (a sweep variant turns it off: sweep_hopper._forced)."""
     from flashcheck.kernels import _common
     from flashcheck.kernels import flash_attention_gluon as fg
-    fg.eligible = lambda p, q, k, v: (fg.AVAILABLE and _common.get_gluon() == "auto"
-                                      and fg.supported(p, q.dtype, all(
-                                          t.is_contiguous() for t in (q, k, v))))
+    fg.eligible = fg.fits
     _common.launch_point = lambda kind, bd, elem, causal, device: _common.fixed_point(
         kind, bd, elem, causal, H200_SMEM)
     _common.use_tma = lambda kind, device, elem, bd, band=False: bool(
