@@ -57,7 +57,7 @@ def _loads(args):
     """Producer warp: K and V of each consumer once, then Q and dO tile by tile."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, k_smem, v_smem,
      q_smem, do_smem, kv_bars, q_ready, q_empty, row0, start_n, m_lo, n_qtiles,
-     qk_scale, sm_scale) = args
+     qk_scale, sm_scale, dq_ptr, ds_smem, sem_ptr, n_ctx, rot) = args
     BN: gl.constexpr = k_smem.type.shape[1]
     BM: gl.constexpr = q_smem.type.shape[1]
     NS: gl.constexpr = q_smem.type.shape[0]
@@ -71,19 +71,23 @@ def _loads(args):
         mbarrier.wait(q_empty.index(slot), free)
         mbarrier.expect(q_ready.index(slot),
                         q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-        m = row0 + m_lo + i * BM
+        m = row0 + (m_lo + i * BM + rot) % n_ctx
         _tma_load(q_desc, [m, 0], q_ready.index(slot), q_smem.index(slot))
         _tma_load(do_desc, [m, 0], q_ready.index(slot), do_smem.index(slot))
 
 
 @gluon.jit
-def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr):
+def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr, DQ: gl.constexpr):
     """Consumer warpgroup ``C``: keys start_n + C·BN onward (see the module docstring).
     Under causal, query tiles wholly above its keys are waited for and released, not
-    computed (the producer streams from the program's first query tile)."""
+    computed (the producer streams from the program's first query tile). ``DQ`` 1 or 2:
+    also dQ(i) += dS(i) K for its keys (dSᵀ through shared memory, read transposed by the
+    product), added to the fp32 accumulator at ``dq_ptr``: 1 by relaxed atomics as they
+    come, 2 in a fixed order (a counter per query tile at ``sem_ptr``; non-causal, Nq = Nk:
+    the programs visit the query tiles rotated by ``rot``, their first key)."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, k_smem, v_smem,
      q_smem, do_smem, kv_bars, q_ready, q_empty, row0, start_n, m_lo, n_qtiles,
-     qk_scale, sm_scale) = args
+     qk_scale, sm_scale, dq_ptr, ds_smem, sem_ptr, n_ctx, rot) = args
     BN: gl.constexpr = k_smem.type.shape[1]
     HD: gl.constexpr = k_smem.type.shape[2]
     BM: gl.constexpr = q_smem.type.shape[1]
@@ -96,6 +100,9 @@ def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr):
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout,
                                                  k_width=2)
     cols: gl.constexpr = gl.SliceLayout(0, s_layout)
+    if DQ:
+        dss = ds_smem.index(C)
+        dq_zero = gl.zeros([BM, HD], gl.float32, layout=acc_layout)
     my_n = start_n + C * BN
     ks = k_smem.index(C)
     vs = v_smem.index(C)
@@ -105,7 +112,7 @@ def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr):
     mbarrier.wait(kv_bars.index(C), 0)
     for i in range(n_qtiles):
         slot = i % NS
-        m0 = m_lo + i * BM
+        m0 = (m_lo + i * BM + rot) % n_ctx
         mbarrier.wait(q_ready.index(slot), (i // NS) & 1)
         live = m0 + BM > my_n  # under causal: some of these queries see this warpgroup's keys
         if not CAUSAL:
@@ -129,7 +136,31 @@ def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr):
             delta = gl.load(delta_ptr + row0 + offs_m)
             dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)
             dk = warpgroup_mma(gl.convert_layout(dst, a_layout), qs, dk, is_async=True)
-            dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+            if DQ:
+                dss.store(dst)
+                fence_async_shared()
+                dq = warpgroup_mma(dss.permute((1, 0)), ks, dq_zero, use_acc=False,
+                                   is_async=True)
+                dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))
+                rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, acc_layout))
+                dcols = gl.arange(0, HD, layout=gl.SliceLayout(0, acc_layout))
+                ptrs = (dq_ptr + (row0 + gl.expand_dims(rows, 1)).to(gl.int64) * HD
+                        + gl.expand_dims(dcols, 0))
+                if DQ == 1:
+                    gl.atomic_add(ptrs, dq, sem="relaxed")
+                else:
+                    # ordered: this warpgroup's turn on tile m0 is its rank among the tile's
+                    # adders (programs visit the tiles rotated by their first key, so the
+                    # tile's previous adder is the next program, two steps earlier)
+                    sem = sem_ptr + (row0 + m0) // BM
+                    rank = 2 * (i // 2) + C
+                    while gl.atomic_add(sem, 0, sem="acquire") != rank:
+                        pass
+                    gl.store(ptrs, gl.load(ptrs) + dq)
+                    gl.thread_barrier()
+                    gl.atomic_add(sem, 1, sem="release")
+            else:
+                dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
         mbarrier.arrive(q_empty.index(slot), count=1)
     # dK's scale once at the end, as our Triton kernel does; out through K's / V's buffers
     ks.store((dk * sm_scale).to(dtype))
@@ -142,28 +173,59 @@ def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr):
 
 @gluon.jit
 def _consume0(args):
-    _consume(args, 0, False)
+    _consume(args, 0, False, False)
 
 
 @gluon.jit
 def _consume1(args):
-    _consume(args, 1, False)
+    _consume(args, 1, False, False)
 
 
 @gluon.jit
 def _consume0_causal(args):
-    _consume(args, 0, True)
+    _consume(args, 0, True, False)
 
 
 @gluon.jit
 def _consume1_causal(args):
-    _consume(args, 1, True)
+    _consume(args, 1, True, False)
+
+
+@gluon.jit
+def _consume0_dq(args):
+    _consume(args, 0, False, True)
+
+
+@gluon.jit
+def _consume1_dq(args):
+    _consume(args, 1, False, True)
+
+
+@gluon.jit
+def _consume0_ordered(args):
+    _consume(args, 0, False, 2)
+
+
+@gluon.jit
+def _consume1_ordered(args):
+    _consume(args, 1, False, 2)
+
+
+@gluon.jit
+def _consume0_causal_dq(args):
+    _consume(args, 0, True, True)
+
+
+@gluon.jit
+def _consume1_causal_dq(args):
+    _consume(args, 1, True, True)
 
 
 @gluon.jit
 def _dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr,
-                 qk_scale, sm_scale, N_CTX, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr,
-                 HEAD_D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+                 dq_ptr, sem_ptr, qk_scale, sm_scale, N_CTX, BLOCK_N: gl.constexpr,
+                 BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
+                 CAUSAL: gl.constexpr, DQ: gl.constexpr):
     """One program per (128 keys, batch x head)."""
     dtype: gl.constexpr = q_desc.dtype
     pid_n = gl.program_id(0)
@@ -183,6 +245,10 @@ def _dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, del
     kv_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128,
+                                                   element_bitwidth=dtype.primitive_bitwidth,
+                                                   rank=2)
+    ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
     for c in gl.static_range(2):
         mbarrier.init(kv_bars.index(c), count=1)
     for i in gl.static_range(STAGES):
@@ -191,8 +257,20 @@ def _dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, del
 
     args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, k_smem,
             v_smem, q_smem, do_smem, kv_bars, q_ready, q_empty, row0, start_n, m_lo,
-            n_qtiles, qk_scale, sm_scale)
-    if CAUSAL:
+            n_qtiles, qk_scale, sm_scale, dq_ptr, ds_smem, sem_ptr, N_CTX,
+            start_n if DQ == 2 else 0)
+    if DQ == 2:
+        gl.warp_specialize([(_consume0_ordered, (args, )), (_consume1_ordered, (args, )),
+                            (_loads, (args, ))], [4, 1], [240, 24])
+    elif DQ == 1:
+        if CAUSAL:
+            gl.warp_specialize([(_consume0_causal_dq, (args, )),
+                                (_consume1_causal_dq, (args, )), (_loads, (args, ))],
+                               [4, 1], [240, 24])
+        else:
+            gl.warp_specialize([(_consume0_dq, (args, )), (_consume1_dq, (args, )),
+                                (_loads, (args, ))], [4, 1], [240, 24])
+    elif CAUSAL:
         gl.warp_specialize([(_consume0_causal, (args, )), (_consume1_causal, (args, )),
                             (_loads, (args, ))], [4, 1], [240, 24])
     else:
@@ -200,9 +278,11 @@ def _dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, del
                             (_loads, (args, ))], [4, 1], [240, 24])
 
 
-def dkdv(q, k, v, do, lse, delta, causal: bool):
+def dkdv(q, k, v, do, lse, delta, causal: bool, dq_acc=None, ordered=False):
     """dK, dV of softmax(Q Kᵀ / √D) V for ``do``, from the forward's base-2 ``lse`` and
-    delta = rowsum(dO ∘ O) (both fp32, (B, H, N))."""
+    delta = rowsum(dO ∘ O) (both fp32, (B, H, N)). ``dq_acc`` (fp32, q's shape, zeroed):
+    dS K is added into it as well (five products per tile pair); dQ = dq_acc / √D.
+    ``ordered``: the adds in a fixed order (bitwise-repeatable; non-causal only)."""
     B, H, N, D = q.shape
     if N % (2 * BLOCK_N) or D not in (64, 128) or not all(
             t.is_contiguous() and t.shape == q.shape for t in (k, v, do)):
@@ -215,12 +295,17 @@ def dkdv(q, k, v, do, lse, delta, causal: bool):
         layout = gl.NVMMASharedLayout.get_default_for([rows, D], gdt)
         return TensorDescriptor.from_tensor(t.reshape(-1, D), [rows, D], layout)
 
+    if ordered and (causal or dq_acc is None):
+        raise ValueError("gluon_bwd: ordered dQ adds are non-causal and need dq_acc")
+    sem = torch.zeros(B * H * (N // BLOCK_M), dtype=torch.int32, device=q.device) \
+        if ordered else lse
+    mode = 0 if dq_acc is None else (2 if ordered else 1)
     scale = D ** -0.5
     _dkdv_kernel[(N // (2 * BLOCK_N), B * H)](
         desc(q, BLOCK_M), desc(k, BLOCK_N), desc(v, BLOCK_N), desc(do, BLOCK_M),
-        desc(dk, BLOCK_N), desc(dv, BLOCK_N), lse, delta, scale * math.log2(math.e), scale,
-        N, BLOCK_N=BLOCK_N, BLOCK_M=BLOCK_M, HEAD_D=D, STAGES=STAGES, CAUSAL=causal,
-        num_warps=4, maxnreg=168)
+        desc(dk, BLOCK_N), desc(dv, BLOCK_N), lse, delta, dq_acc if dq_acc is not None else lse,
+        sem, scale * math.log2(math.e), scale, N, BLOCK_N=BLOCK_N, BLOCK_M=BLOCK_M, HEAD_D=D,
+        STAGES=STAGES, CAUSAL=causal, DQ=mode, num_warps=4, maxnreg=168)
     return dk, dv
 
 
@@ -232,19 +317,21 @@ def _compile_only(ptx_dir: Path | None) -> int:
     comp.install()
     for D in (128, 64):
         for causal in (False, True):
-            comp.tag = f"D={D} causal={causal}"
-            t = torch.empty(16, 16, 4096, D, dtype=torch.bfloat16)
-            r = torch.empty(16, 16, 4096, dtype=torch.float32)
-            try:
-                dkdv(t, t, t, t, r, r, causal)
-            except Exception as e:  # noqa: BLE001 - reported per variant
-                print(comp.tag, "error:", type(e).__name__, str(e)[:400])
+            for with_dq in ("none", "atomic", "ordered")[:3 - causal]:
+                comp.tag = f"D={D} causal={causal} dq={with_dq}"
+                t = torch.empty(16, 16, 4096, D, dtype=torch.bfloat16)
+                r = torch.empty(16, 16, 4096, dtype=torch.float32)
+                acc = torch.empty(16, 16, 4096, D) if with_dq != "none" else None
+                try:
+                    dkdv(t, t, t, t, r, r, causal, acc, with_dq == "ordered")
+                except Exception as e:  # noqa: BLE001 - reported per variant
+                    print(comp.tag, "error:", type(e).__name__, str(e)[:800])
     for r in comp.records:
         print(json.dumps(r))
     return 0
 
 
-def _on_gpu(out: Path) -> int:
+def _on_gpu(out: Path, ordered: bool) -> int:
     import torch.nn.functional as F
     import triton
     import triton.testing
@@ -258,14 +345,14 @@ def _on_gpu(out: Path) -> int:
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                triton=triton.__version__, rows=[])
     for D in (128, 64):
-        for causal in (False, True):
+        for causal in (False, ) if ordered else (False, True):
             g = torch.Generator(device="cuda").manual_seed(0)
             q, k, v, do = (torch.randn(16, 16, 4096, D, device="cuda", dtype=torch.bfloat16,
                                        generator=g) for _ in range(4))
             p = _common.validate(q, k, v, None, 0.0, causal, None, False, None, "top_left")
             o, lse = fa._forward(q, k, v, p, False)
             delta = (o.float() * do.float()).sum(-1)
-            _, ref_dk, ref_dv = fa._backward(do, q, k, v, o, lse, p, True, False)
+            ref_dq, ref_dk, ref_dv = fa._backward(do, q, k, v, o, lse, p, True, False)
             row = dict(D=D, causal=causal,
                        ours_bwd_ms=bench(partial(fa._backward, do, q, k, v, o, lse, p, True,
                                                  False)))
@@ -274,6 +361,12 @@ def _on_gpu(out: Path) -> int:
                 y = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
                 row["cudnn_bwd_ms"] = bench(partial(torch.autograd.grad, y, (qg, kg, vg), do,
                                                     retain_graph=True))
+            if ordered:
+                _ordered_row(row, bench, q, k, v, do, lse, delta, D, ref_dq, ref_dk, ref_dv)
+                print(json.dumps(row), flush=True)
+                res["rows"].append(row)
+                out.write_text(json.dumps(res, indent=1))
+                continue
             run = partial(dkdv, q, k, v, do, lse, delta, causal)
             try:
                 dk, dv = run()
@@ -284,10 +377,57 @@ def _on_gpu(out: Path) -> int:
                     ms=bench(run))
             except Exception as e:  # noqa: BLE001 - reported per variant
                 row["gluon_dkdv"] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
+
+            def five(q=q, k=k, v=v, do=do, lse=lse, delta=delta, causal=causal, D=D):
+                acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+                dk, dv = dkdv(q, k, v, do, lse, delta, causal, acc)
+                return (acc * D ** -0.5).to(q.dtype), dk, dv
+
+            try:
+                dq, dk, dv = five()
+                torch.cuda.synchronize()
+                row["gluon_five_atomic"] = dict(
+                    dq_max_abs_vs_ours=float((dq.float() - ref_dq.float()).abs().max()),
+                    dk_max_abs_vs_ours=float((dk.float() - ref_dk.float()).abs().max()),
+                    dv_max_abs_vs_ours=float((dv.float() - ref_dv.float()).abs().max()),
+                    ref_dq_max_abs=float(ref_dq.float().abs().max()), ms=bench(five))
+            except Exception as e:  # noqa: BLE001 - reported per variant
+                row["gluon_five_atomic"] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
+            # our own kernels' split: the dK/dV kernel alone (the deterministic default
+            # launches it, then the dQ kernel); from the whole backward's profile
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    fa._backward(do, q, k, v, o, lse, p, True, False)
+                torch.cuda.synchronize()
+            row["ours_kernels_ms"] = {
+                e.key: round(e.device_time_total / 1000 / 5, 3)
+                for e in prof.key_averages() if e.device_time_total > 0}
             print(json.dumps(row), flush=True)
             res["rows"].append(row)
             out.write_text(json.dumps(res, indent=1))
     return 0
+
+
+def _ordered_row(row, bench, q, k, v, do, lse, delta, D, ref_dq, ref_dk, ref_dv):
+    """The five-product kernel with dQ's adds in a fixed order: agreement with our backward,
+    two calls bit for bit, time."""
+    def five():
+        acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+        dk, dv = dkdv(q, k, v, do, lse, delta, False, acc, ordered=True)
+        return (acc * D ** -0.5).to(q.dtype), dk, dv
+
+    try:
+        first = five()
+        again = five()
+        torch.cuda.synchronize()
+        row["gluon_five_ordered"] = dict(
+            repeats_equal=all(torch.equal(a, b) for a, b in zip(first, again, strict=True)),
+            **{f"{n}_max_abs_vs_ours": float((a.float() - r.float()).abs().max())
+               for n, a, r in zip(("dq", "dk", "dv"), first, (ref_dq, ref_dk, ref_dv),
+                                  strict=True)},
+            ms=bench(five))
+    except Exception as e:  # noqa: BLE001 - reported per variant
+        row["gluon_five_ordered"] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
 
 
 def main(argv=None) -> int:
@@ -295,12 +435,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, help="JSON of the GPU run")
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--ptx-dir", type=Path, default=None)
+    ap.add_argument("--ordered", action="store_true",
+                    help="only the five-product kernel with ordered dQ adds (non-causal)")
     args = ap.parse_args(argv)
     if args.compile_only:
         return _compile_only(args.ptx_dir)
     if args.out is None:
         ap.error("--out is required on a GPU")
-    return _on_gpu(args.out)
+    return _on_gpu(args.out, args.ordered)
 
 
 if __name__ == "__main__":
