@@ -1,8 +1,12 @@
 """A Hopper dK/dV kernel in Gluon, the forward's structure (kernels/flash_attention_gluon.py)
 for the backward: compiled here, timed and checked on the H200.
 
-    python3 scripts/gpu/gluon_bwd.py --out FILE.json        (on the H200)
-    python3 scripts/gpu/gluon_bwd.py --compile-only [--ptx-dir DIR]   (anywhere, triton 3.6)
+    python3 scripts/gpu/gluon_bwd.py --out FILE.json [--d 128] [--ordered]   (on the H200)
+    python3 scripts/gpu/gluon_bwd.py --compile-only [--ptx-dir DIR]   (anywhere)
+
+Under triton 3.9 (``. scripts/gpu/triton_slim.sh use`` on the device) the five-product
+variants also add dQ by bulk tensor reduce-adds (``tma.async_atomic_add``), which 3.6's
+Gluon lacks.
 
 Per program 128 keys of one batch and head: a producer warp loads K and V once per consumer
 and streams Q and dO tiles of 64 query rows through two-slot rings (``ready``/``empty``
@@ -15,10 +19,11 @@ our Triton dK/dV kernel (P and dS rounded to the input dtype before their produc
 accumulators, base-2 lse), so dK and dV match it to the accumulation order.
 
 A prototype: bf16/fp16, contiguous (B, H, N, D), MHA, N a multiple of 128, D 64 or 128, no
-mask but causal (top-left); dK/dV only (the delta preprocess and dQ stay the Triton
-kernels'). On a GPU it checks dK and dV against our backward and times the kernel beside
-our whole backward and cuDNN's (median of ``triton.testing.do_bench``). Not yet run on a
-GPU: docs/reports/README.md's next-session plan.
+mask but causal (top-left). dK/dV only by default (the delta preprocess and dQ stay the
+Triton kernels'); with ``dq_acc`` dQ is added inside as well (five products per tile pair,
+see :func:`_consume`). On a GPU it checks the gradients against our backward and times the
+kernel beside our whole backward and cuDNN's (median of ``triton.testing.do_bench``);
+results: docs/benchmarks/sweep.md round 18.
 """
 
 from __future__ import annotations
@@ -46,7 +51,18 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 _ROOT = Path(__file__).resolve().parents[2]
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # 3.6 / 3.9
 
+BULK = hasattr(tma, "async_atomic_add")  # bulk tensor reduce-adds: triton 3.9's Gluon, not 3.6's
+
+
+@gluon.jit
+def _no_reduce(desc, coord, src):
+    """Stands in for the bulk reduce-add where Gluon has none (never traced: BULK guards)."""
+    pass
+
+
+_tma_reduce = tma.async_atomic_add if BULK else _no_reduce
 BLOCK_N = 64  # keys per consumer warpgroup (two per program)
 BLOCK_M = 64  # query rows per streamed tile
 STAGES = 2
@@ -57,7 +73,7 @@ def _loads(args):
     """Producer warp: K and V of each consumer once, then Q and dO tile by tile."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, k_smem, v_smem,
      q_smem, do_smem, kv_bars, q_ready, q_empty, row0, start_n, m_lo, n_qtiles,
-     qk_scale, sm_scale, dq_ptr, ds_smem, sem_ptr, n_ctx, rot) = args
+     qk_scale, sm_scale, dq_ptr, ds_smem, sem_ptr, n_ctx, rot, dq_smem) = args
     BN: gl.constexpr = k_smem.type.shape[1]
     BM: gl.constexpr = q_smem.type.shape[1]
     NS: gl.constexpr = q_smem.type.shape[0]
@@ -87,7 +103,7 @@ def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr, DQ: gl.constexpr):
     the programs visit the query tiles rotated by ``rot``, their first key)."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, k_smem, v_smem,
      q_smem, do_smem, kv_bars, q_ready, q_empty, row0, start_n, m_lo, n_qtiles,
-     qk_scale, sm_scale, dq_ptr, ds_smem, sem_ptr, n_ctx, rot) = args
+     qk_scale, sm_scale, dq_ptr, ds_smem, sem_ptr, n_ctx, rot, dq_smem) = args
     BN: gl.constexpr = k_smem.type.shape[1]
     HD: gl.constexpr = k_smem.type.shape[2]
     BM: gl.constexpr = q_smem.type.shape[1]
@@ -142,13 +158,32 @@ def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr, DQ: gl.constexpr):
                 dq = warpgroup_mma(dss.permute((1, 0)), ks, dq_zero, use_acc=False,
                                    is_async=True)
                 dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))
-                rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, acc_layout))
-                dcols = gl.arange(0, HD, layout=gl.SliceLayout(0, acc_layout))
-                ptrs = (dq_ptr + (row0 + gl.expand_dims(rows, 1)).to(gl.int64) * HD
-                        + gl.expand_dims(dcols, 0))
+                if DQ >= 3:
+                    # one bulk tensor reduce-add per tile (dq_ptr is the accumulator's
+                    # descriptor); the previous tile's must have read its staging buffer
+                    dqs = dq_smem.index(C)
+                    tma.store_wait(pendings=0)
+                    dqs.store(dq)
+                    fence_async_shared()
+                    if DQ == 4:
+                        sem = sem_ptr + (row0 + m0) // BM
+                        rank = 2 * (i // 2) + C
+                        while gl.atomic_add(sem, 0, sem="acquire") != rank:
+                            pass
+                        _tma_reduce(dq_ptr, [row0 + m0, 0], dqs)
+                        tma.store_wait(pendings=0, read_only=False)
+                        _barrier()
+                        gl.atomic_add(sem, 1, sem="release")
+                    else:
+                        _tma_reduce(dq_ptr, [row0 + m0, 0], dqs)
+                if DQ < 3:
+                    rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, acc_layout))
+                    dcols = gl.arange(0, HD, layout=gl.SliceLayout(0, acc_layout))
+                    ptrs = (dq_ptr + (row0 + gl.expand_dims(rows, 1)).to(gl.int64) * HD
+                            + gl.expand_dims(dcols, 0))
                 if DQ == 1:
                     gl.atomic_add(ptrs, dq, sem="relaxed")
-                else:
+                elif DQ == 2:
                     # ordered: this warpgroup's turn on tile m0 is its rank among the tile's
                     # adders (programs visit the tiles rotated by their first key, so the
                     # tile's previous adder is the next program, two steps earlier)
@@ -157,7 +192,7 @@ def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr, DQ: gl.constexpr):
                     while gl.atomic_add(sem, 0, sem="acquire") != rank:
                         pass
                     gl.store(ptrs, gl.load(ptrs) + dq)
-                    gl.thread_barrier()
+                    _barrier()
                     gl.atomic_add(sem, 1, sem="release")
             else:
                 dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
@@ -212,6 +247,36 @@ def _consume1_ordered(args):
 
 
 @gluon.jit
+def _consume0_bulk(args):
+    _consume(args, 0, False, 3)
+
+
+@gluon.jit
+def _consume1_bulk(args):
+    _consume(args, 1, False, 3)
+
+
+@gluon.jit
+def _consume0_causal_bulk(args):
+    _consume(args, 0, True, 3)
+
+
+@gluon.jit
+def _consume1_causal_bulk(args):
+    _consume(args, 1, True, 3)
+
+
+@gluon.jit
+def _consume0_bulk_ordered(args):
+    _consume(args, 0, False, 4)
+
+
+@gluon.jit
+def _consume1_bulk_ordered(args):
+    _consume(args, 1, False, 4)
+
+
+@gluon.jit
 def _consume0_causal_dq(args):
     _consume(args, 0, True, True)
 
@@ -249,6 +314,10 @@ def _dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, del
                                                    element_bitwidth=dtype.primitive_bitwidth,
                                                    rank=2)
     ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
+    if DQ >= 3:
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_D], dq_ptr.layout)
+    else:
+        dq_smem = ds_smem
     for c in gl.static_range(2):
         mbarrier.init(kv_bars.index(c), count=1)
     for i in gl.static_range(STAGES):
@@ -258,8 +327,20 @@ def _dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, del
     args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, k_smem,
             v_smem, q_smem, do_smem, kv_bars, q_ready, q_empty, row0, start_n, m_lo,
             n_qtiles, qk_scale, sm_scale, dq_ptr, ds_smem, sem_ptr, N_CTX,
-            start_n if DQ == 2 else 0)
-    if DQ == 2:
+            start_n if DQ == 2 or DQ == 4 else 0, dq_smem)
+    if DQ == 4:
+        gl.warp_specialize([(_consume0_bulk_ordered, (args, )),
+                            (_consume1_bulk_ordered, (args, )), (_loads, (args, ))],
+                           [4, 1], [240, 24])
+    elif DQ == 3:
+        if CAUSAL:
+            gl.warp_specialize([(_consume0_causal_bulk, (args, )),
+                                (_consume1_causal_bulk, (args, )), (_loads, (args, ))],
+                               [4, 1], [240, 24])
+        else:
+            gl.warp_specialize([(_consume0_bulk, (args, )), (_consume1_bulk, (args, )),
+                                (_loads, (args, ))], [4, 1], [240, 24])
+    elif DQ == 2:
         gl.warp_specialize([(_consume0_ordered, (args, )), (_consume1_ordered, (args, )),
                             (_loads, (args, ))], [4, 1], [240, 24])
     elif DQ == 1:
@@ -278,11 +359,13 @@ def _dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, del
                             (_loads, (args, ))], [4, 1], [240, 24])
 
 
-def dkdv(q, k, v, do, lse, delta, causal: bool, dq_acc=None, ordered=False):
+def dkdv(q, k, v, do, lse, delta, causal: bool, dq_acc=None, ordered=False, bulk=False):
     """dK, dV of softmax(Q Kᵀ / √D) V for ``do``, from the forward's base-2 ``lse`` and
     delta = rowsum(dO ∘ O) (both fp32, (B, H, N)). ``dq_acc`` (fp32, q's shape, zeroed):
     dS K is added into it as well (five products per tile pair); dQ = dq_acc / √D.
-    ``ordered``: the adds in a fixed order (bitwise-repeatable; non-causal only)."""
+    ``ordered``: the adds in a fixed order (bitwise-repeatable; non-causal only). ``bulk``:
+    one bulk tensor reduce-add per tile (``tma.async_atomic_add``, triton 3.9's Gluon)
+    instead of per-element atomics."""
     B, H, N, D = q.shape
     if N % (2 * BLOCK_N) or D not in (64, 128) or not all(
             t.is_contiguous() and t.shape == q.shape for t in (k, v, do)):
@@ -299,7 +382,11 @@ def dkdv(q, k, v, do, lse, delta, causal: bool, dq_acc=None, ordered=False):
         raise ValueError("gluon_bwd: ordered dQ adds are non-causal and need dq_acc")
     sem = torch.zeros(B * H * (N // BLOCK_M), dtype=torch.int32, device=q.device) \
         if ordered else lse
-    mode = 0 if dq_acc is None else (2 if ordered else 1)
+    mode = 0 if dq_acc is None else (2 if ordered else 1) + (2 if bulk else 0)
+    if bulk:
+        dq_acc = TensorDescriptor.from_tensor(
+            dq_acc.reshape(-1, D), [BLOCK_M, D],
+            gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], gl.float32))
     scale = D ** -0.5
     _dkdv_kernel[(N // (2 * BLOCK_N), B * H)](
         desc(q, BLOCK_M), desc(k, BLOCK_N), desc(v, BLOCK_N), desc(do, BLOCK_M),
@@ -317,13 +404,17 @@ def _compile_only(ptx_dir: Path | None) -> int:
     comp.install()
     for D in (128, 64):
         for causal in (False, True):
-            for with_dq in ("none", "atomic", "ordered")[:3 - causal]:
+            kinds = ["none", "atomic"] + ([] if causal else ["ordered"])
+            if BULK:
+                kinds += ["bulk"] + ([] if causal else ["bulk_ordered"])
+            for with_dq in kinds:
                 comp.tag = f"D={D} causal={causal} dq={with_dq}"
                 t = torch.empty(16, 16, 4096, D, dtype=torch.bfloat16)
                 r = torch.empty(16, 16, 4096, dtype=torch.float32)
                 acc = torch.empty(16, 16, 4096, D) if with_dq != "none" else None
                 try:
-                    dkdv(t, t, t, t, r, r, causal, acc, with_dq == "ordered")
+                    dkdv(t, t, t, t, r, r, causal, acc, with_dq.endswith("ordered"),
+                         with_dq.startswith("bulk"))
                 except Exception as e:  # noqa: BLE001 - reported per variant
                     print(comp.tag, "error:", type(e).__name__, str(e)[:800])
     for r in comp.records:
@@ -331,7 +422,7 @@ def _compile_only(ptx_dir: Path | None) -> int:
     return 0
 
 
-def _on_gpu(out: Path, ordered: bool) -> int:
+def _on_gpu(out: Path, ordered: bool, dims: tuple[int, ...]) -> int:
     import torch.nn.functional as F
     import triton
     import triton.testing
@@ -344,7 +435,7 @@ def _on_gpu(out: Path, ordered: bool) -> int:
 
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                triton=triton.__version__, rows=[])
-    for D in (128, 64):
+    for D in dims:
         for causal in (False, ) if ordered else (False, True):
             g = torch.Generator(device="cuda").manual_seed(0)
             q, k, v, do = (torch.randn(16, 16, 4096, D, device="cuda", dtype=torch.bfloat16,
@@ -393,6 +484,13 @@ def _on_gpu(out: Path, ordered: bool) -> int:
                     ref_dq_max_abs=float(ref_dq.float().abs().max()), ms=bench(five))
             except Exception as e:  # noqa: BLE001 - reported per variant
                 row["gluon_five_atomic"] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
+            if BULK:
+                def five_bulk(q=q, k=k, v=v, do=do, lse=lse, delta=delta, causal=causal, D=D):
+                    acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+                    dk, dv = dkdv(q, k, v, do, lse, delta, causal, acc, bulk=True)
+                    return (acc * D ** -0.5).to(q.dtype), dk, dv
+
+                _five_row(row, "gluon_five_bulk", five_bulk, bench, ref_dq, ref_dk, ref_dv)
             # our own kernels' split: the dK/dV kernel alone (the deterministic default
             # launches it, then the dQ kernel); from the whole backward's profile
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -408,26 +506,36 @@ def _on_gpu(out: Path, ordered: bool) -> int:
     return 0
 
 
-def _ordered_row(row, bench, q, k, v, do, lse, delta, D, ref_dq, ref_dk, ref_dv):
-    """The five-product kernel with dQ's adds in a fixed order: agreement with our backward,
-    two calls bit for bit, time."""
-    def five():
-        acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-        dk, dv = dkdv(q, k, v, do, lse, delta, False, acc, ordered=True)
-        return (acc * D ** -0.5).to(q.dtype), dk, dv
-
+def _five_row(row, name, five, bench, ref_dq, ref_dk, ref_dv):
+    """``row[name]``: a five-product variant's agreement with our backward, whether two calls
+    agree bit for bit, its time."""
     try:
         first = five()
         again = five()
         torch.cuda.synchronize()
-        row["gluon_five_ordered"] = dict(
+        row[name] = dict(
             repeats_equal=all(torch.equal(a, b) for a, b in zip(first, again, strict=True)),
             **{f"{n}_max_abs_vs_ours": float((a.float() - r.float()).abs().max())
                for n, a, r in zip(("dq", "dk", "dv"), first, (ref_dq, ref_dk, ref_dv),
                                   strict=True)},
             ms=bench(five))
     except Exception as e:  # noqa: BLE001 - reported per variant
-        row["gluon_five_ordered"] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
+        row[name] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
+
+
+def _ordered_row(row, bench, q, k, v, do, lse, delta, D, ref_dq, ref_dk, ref_dv):
+    """The five-product kernel with dQ's adds in a fixed order (per-element adds, and with
+    triton 3.9 bulk reduce-adds)."""
+    for name, bulk in (("gluon_five_ordered", False), ("gluon_five_bulk_ordered", True)):
+        if bulk and not BULK:
+            continue
+
+        def five(bulk=bulk):
+            acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+            dk, dv = dkdv(q, k, v, do, lse, delta, False, acc, ordered=True, bulk=bulk)
+            return (acc * D ** -0.5).to(q.dtype), dk, dv
+
+        _five_row(row, name, five, bench, ref_dq, ref_dk, ref_dv)
 
 
 def main(argv=None) -> int:
@@ -435,6 +543,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, help="JSON of the GPU run")
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--ptx-dir", type=Path, default=None)
+    ap.add_argument("--d", default="128,64", help="head dims on the GPU, e.g. 128")
     ap.add_argument("--ordered", action="store_true",
                     help="only the five-product kernel with ordered dQ adds (non-causal)")
     args = ap.parse_args(argv)
@@ -442,7 +551,7 @@ def main(argv=None) -> int:
         return _compile_only(args.ptx_dir)
     if args.out is None:
         ap.error("--out is required on a GPU")
-    return _on_gpu(args.out, args.ordered)
+    return _on_gpu(args.out, args.ordered, tuple(int(x) for x in args.d.split(",")))
 
 
 if __name__ == "__main__":
