@@ -69,6 +69,23 @@ def test_eligible_never_off_the_gpu_and_the_switch_is_checked():
     assert res.returncode != 0 and "FLASHCHECK_GLUON must be one of" in res.stderr
 
 
+@pytest.mark.skipif(not fg.AVAILABLE, reason="this Triton's Gluon has no warp_specialize")
+def test_fits_is_the_calls_side_without_a_device_query():
+    """``fits`` (what the sm_90a compile report installs as ``eligible``) takes the domain on
+    CPU tensors, follows the switch, and refuses misaligned or non-contiguous inputs;
+    ``eligible`` adds the device and stays false here."""
+    q = torch.zeros(2, 4, 1024, 128, dtype=torch.float16)
+    k = torch.zeros(2, 2, 1024, 128, dtype=torch.float16)
+    p = _problem()
+    assert fg.fits(p, q, k, k) and not fg.eligible(p, q, k, k)
+    with _common.gluon("off"):
+        assert not fg.fits(p, q, k, k)
+    assert fg.fits(p, q, k, k)
+    shifted = torch.zeros(2 * 4 * 1024 * 128 + 1, dtype=torch.float16)[1:].view(2, 4, 1024, 128)
+    assert shifted.data_ptr() % 16 != 0 and not fg.fits(p, shifted, k, k)
+    assert not fg.fits(p, q.transpose(1, 2).contiguous().transpose(1, 2), k, k)
+
+
 _COMPILE = r"""
 import json, sys, importlib.util, torch
 from pathlib import Path
