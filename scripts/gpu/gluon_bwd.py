@@ -165,7 +165,9 @@ def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr, DQ: gl.constexpr):
                     tma.store_wait(pendings=0)
                     dqs.store(dq)
                     fence_async_shared()
-                    if DQ == 4:
+                    if DQ == 5:
+                        pass  # a diagnostic: the product and the staging store, no add
+                    elif DQ == 4:
                         sem = sem_ptr + (row0 + m0) // BM
                         rank = 2 * (i // 2) + C
                         while gl.atomic_add(sem, 0, sem="acquire") != rank:
@@ -267,6 +269,16 @@ def _consume1_causal_bulk(args):
 
 
 @gluon.jit
+def _consume0_staged(args):
+    _consume(args, 0, False, 5)
+
+
+@gluon.jit
+def _consume1_staged(args):
+    _consume(args, 1, False, 5)
+
+
+@gluon.jit
 def _consume0_bulk_ordered(args):
     _consume(args, 0, False, 4)
 
@@ -328,7 +340,11 @@ def _dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, del
             v_smem, q_smem, do_smem, kv_bars, q_ready, q_empty, row0, start_n, m_lo,
             n_qtiles, qk_scale, sm_scale, dq_ptr, ds_smem, sem_ptr, N_CTX,
             start_n if DQ == 2 or DQ == 4 else 0, dq_smem)
-    if DQ == 4:
+    # DQ 5: as 3 without the reduce-add (dQ is not computed): where 3's time goes
+    if DQ == 5:
+        gl.warp_specialize([(_consume0_staged, (args, )), (_consume1_staged, (args, )),
+                            (_loads, (args, ))], [4, 1], [240, 24])
+    elif DQ == 4:
         gl.warp_specialize([(_consume0_bulk_ordered, (args, )),
                             (_consume1_bulk_ordered, (args, )), (_loads, (args, ))],
                            [4, 1], [240, 24])
@@ -359,7 +375,8 @@ def _dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, del
                             (_loads, (args, ))], [4, 1], [240, 24])
 
 
-def dkdv(q, k, v, do, lse, delta, causal: bool, dq_acc=None, ordered=False, bulk=False):
+def dkdv(q, k, v, do, lse, delta, causal: bool, dq_acc=None, ordered=False, bulk=False,
+         staged_only=False):
     """dK, dV of softmax(Q Kᵀ / √D) V for ``do``, from the forward's base-2 ``lse`` and
     delta = rowsum(dO ∘ O) (both fp32, (B, H, N)). ``dq_acc`` (fp32, q's shape, zeroed):
     dS K is added into it as well (five products per tile pair); dQ = dq_acc / √D.
@@ -383,6 +400,10 @@ def dkdv(q, k, v, do, lse, delta, causal: bool, dq_acc=None, ordered=False, bulk
     sem = torch.zeros(B * H * (N // BLOCK_M), dtype=torch.int32, device=q.device) \
         if ordered else lse
     mode = 0 if dq_acc is None else (2 if ordered else 1) + (2 if bulk else 0)
+    if staged_only:  # a diagnostic: bulk's product and staging store without the add
+        if not bulk or ordered or causal:
+            raise ValueError("gluon_bwd: staged_only is bulk, non-causal, as they come")
+        mode = 5
     if bulk:
         dq_acc = TensorDescriptor.from_tensor(
             dq_acc.reshape(-1, D), [BLOCK_M, D],
@@ -406,7 +427,7 @@ def _compile_only(ptx_dir: Path | None) -> int:
         for causal in (False, True):
             kinds = ["none", "atomic"] + ([] if causal else ["ordered"])
             if BULK:
-                kinds += ["bulk"] + ([] if causal else ["bulk_ordered"])
+                kinds += ["bulk"] + ([] if causal else ["bulk_ordered", "staged"])
             for with_dq in kinds:
                 comp.tag = f"D={D} causal={causal} dq={with_dq}"
                 t = torch.empty(16, 16, 4096, D, dtype=torch.bfloat16)
@@ -414,7 +435,8 @@ def _compile_only(ptx_dir: Path | None) -> int:
                 acc = torch.empty(16, 16, 4096, D) if with_dq != "none" else None
                 try:
                     dkdv(t, t, t, t, r, r, causal, acc, with_dq.endswith("ordered"),
-                         with_dq.startswith("bulk"))
+                         with_dq.startswith("bulk") or with_dq == "staged",
+                         with_dq == "staged")
                 except Exception as e:  # noqa: BLE001 - reported per variant
                     print(comp.tag, "error:", type(e).__name__, str(e)[:800])
     for r in comp.records:
@@ -491,6 +513,11 @@ def _on_gpu(out: Path, ordered: bool, dims: tuple[int, ...]) -> int:
                     return (acc * D ** -0.5).to(q.dtype), dk, dv
 
                 _five_row(row, "gluon_five_bulk", five_bulk, bench, ref_dq, ref_dk, ref_dv)
+                if not causal:
+                    acc0 = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+                    row["gluon_five_staged_only_ms"] = bench(partial(
+                        dkdv, q, k, v, do, lse, delta, False, acc0, bulk=True,
+                        staged_only=True))
             # our own kernels' split: the dK/dV kernel alone (the deterministic default
             # launches it, then the dQ kernel); from the whole backward's profile
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
