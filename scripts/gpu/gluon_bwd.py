@@ -73,14 +73,15 @@ def _loads(args):
     """Producer warp: K and V of each consumer once, then Q and dO tile by tile."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, k_smem, v_smem,
      q_smem, do_smem, kv_bars, q_ready, q_empty, row0, start_n, m_lo, n_qtiles,
-     qk_scale, sm_scale, dq_ptr, ds_smem, sem_ptr, n_ctx, rot, dq_smem) = args
-    BN: gl.constexpr = k_smem.type.shape[1]
+     qk_scale, sm_scale, dq_ptr, ds_smem, sem_ptr, n_ctx, rot, dq_smem, ds_ready) = args
+    BN: gl.constexpr = k_smem.type.shape[0] // 2
     BM: gl.constexpr = q_smem.type.shape[1]
     NS: gl.constexpr = q_smem.type.shape[0]
     for c in gl.static_range(2):
         mbarrier.expect(kv_bars.index(c), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        _tma_load(k_desc, [row0 + start_n + c * BN, 0], kv_bars.index(c), k_smem.index(c))
-        _tma_load(v_desc, [row0 + start_n + c * BN, 0], kv_bars.index(c), v_smem.index(c))
+        rows = row0 + start_n + c * BN
+        _tma_load(k_desc, [rows, 0], kv_bars.index(c), k_smem.slice(c * BN, BN))
+        _tma_load(v_desc, [rows, 0], kv_bars.index(c), v_smem.slice(c * BN, BN))
     for i in range(n_qtiles):
         slot = i % NS
         free = ((i // NS) & 1) ^ 1
@@ -100,12 +101,17 @@ def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr, DQ: gl.constexpr):
     also dQ(i) += dS(i) K for its keys (dSᵀ through shared memory, read transposed by the
     product), added to the fp32 accumulator at ``dq_ptr``: 1 by relaxed atomics as they
     come, 2 in a fixed order (a counter per query tile at ``sem_ptr``; non-causal, Nq = Nk:
-    the programs visit the query tiles rotated by ``rot``, their first key)."""
+    the programs visit the query tiles rotated by ``rot``, their first key). With triton
+    3.9's bulk reduce-adds (``dq_ptr`` a descriptor): 3 as they come, 4 in order, 5 a
+    diagnostic (the tile staged, not added), 6 the head dim split between the warpgroups:
+    both write their dSᵀ rows into one buffer (``ds_ready`` counts the two), and each
+    multiplies all 128 keys' dS by its half of K's columns, so that every dQ element is
+    added once per program, not once per warpgroup."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, k_smem, v_smem,
      q_smem, do_smem, kv_bars, q_ready, q_empty, row0, start_n, m_lo, n_qtiles,
-     qk_scale, sm_scale, dq_ptr, ds_smem, sem_ptr, n_ctx, rot, dq_smem) = args
-    BN: gl.constexpr = k_smem.type.shape[1]
-    HD: gl.constexpr = k_smem.type.shape[2]
+     qk_scale, sm_scale, dq_ptr, ds_smem, sem_ptr, n_ctx, rot, dq_smem, ds_ready) = args
+    BN: gl.constexpr = k_smem.type.shape[0] // 2
+    HD: gl.constexpr = k_smem.type.shape[1]
     BM: gl.constexpr = q_smem.type.shape[1]
     NS: gl.constexpr = q_smem.type.shape[0]
     dtype: gl.constexpr = q_desc.dtype
@@ -116,12 +122,19 @@ def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr, DQ: gl.constexpr):
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout,
                                                  k_width=2)
     cols: gl.constexpr = gl.SliceLayout(0, s_layout)
-    if DQ:
+    if DQ == 6:
+        HH: gl.constexpr = HD // 2
+        dqh_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HH, 16])
+        dq_zero = gl.zeros([BM, HH], gl.float32, layout=dqh_layout)
+        # K of both warpgroups' keys, this warpgroup's half of the head dim
+        k_half = k_smem.slice(C * HH, HH, dim=1)
+    elif DQ:
         dss = ds_smem.index(C)
         dq_zero = gl.zeros([BM, HD], gl.float32, layout=acc_layout)
     my_n = start_n + C * BN
-    ks = k_smem.index(C)
-    vs = v_smem.index(C)
+    ks = k_smem.slice(C * BN, BN)
+    vs = v_smem.slice(C * BN, BN)
     dk = gl.zeros([BN, HD], gl.float32, layout=acc_layout)
     dv = gl.zeros([BN, HD], gl.float32, layout=acc_layout)
     s_zero = gl.zeros([BN, BM], gl.float32, layout=s_layout)
@@ -131,7 +144,7 @@ def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr, DQ: gl.constexpr):
         m0 = (m_lo + i * BM + rot) % n_ctx
         mbarrier.wait(q_ready.index(slot), (i // NS) & 1)
         live = m0 + BM > my_n  # under causal: some of these queries see this warpgroup's keys
-        if not CAUSAL:
+        if not CAUSAL or DQ == 6:  # DQ 6: both warpgroups take every tile (dQ needs both)
             live = m0 >= 0
         if live:
             qs = q_smem.index(slot)
@@ -152,7 +165,23 @@ def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr, DQ: gl.constexpr):
             delta = gl.load(delta_ptr + row0 + offs_m)
             dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)
             dk = warpgroup_mma(gl.convert_layout(dst, a_layout), qs, dk, is_async=True)
-            if DQ:
+            if DQ == 6:
+                # dQ(i)'s head-dim half C over all 128 keys: both warpgroups' dSᵀ halves in
+                # one buffer (a slot per tile parity), then one bulk reduce-add per half
+                dsf = ds_smem.index(i % 2)
+                dsf.slice(C * BN, BN, dim=0).store(dst)
+                fence_async_shared()
+                mbarrier.arrive(ds_ready.index(i % 2), count=1)
+                mbarrier.wait(ds_ready.index(i % 2), (i // 2) & 1)
+                dq = warpgroup_mma(dsf.permute((1, 0)), k_half, dq_zero, use_acc=False,
+                                   is_async=True)
+                dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))
+                dqs = dq_smem.index(C)
+                tma.store_wait(pendings=0)
+                dqs.store(dq)
+                fence_async_shared()
+                _tma_reduce(dq_ptr, [row0 + m0, C * HH], dqs)
+            elif DQ:
                 dss.store(dst)
                 fence_async_shared()
                 dq = warpgroup_mma(dss.permute((1, 0)), ks, dq_zero, use_acc=False,
@@ -269,6 +298,26 @@ def _consume1_causal_bulk(args):
 
 
 @gluon.jit
+def _consume0_split(args):
+    _consume(args, 0, False, 6)
+
+
+@gluon.jit
+def _consume1_split(args):
+    _consume(args, 1, False, 6)
+
+
+@gluon.jit
+def _consume0_causal_split(args):
+    _consume(args, 0, True, 6)
+
+
+@gluon.jit
+def _consume1_causal_split(args):
+    _consume(args, 1, True, 6)
+
+
+@gluon.jit
 def _consume0_staged(args):
     _consume(args, 0, False, 5)
 
@@ -315,8 +364,9 @@ def _dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, del
         m_lo = 0
     n_qtiles = (N_CTX - m_lo) // BLOCK_M
 
-    k_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HEAD_D], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HEAD_D], v_desc.layout)
+    # the two warpgroups' keys, one above the other (a warpgroup takes its rows' slice)
+    k_smem = gl.allocate_shared_memory(dtype, [2 * BLOCK_N, HEAD_D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [2 * BLOCK_N, HEAD_D], v_desc.layout)
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_D], q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_D], do_desc.layout)
     kv_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -325,11 +375,21 @@ def _dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, del
     ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128,
                                                    element_bitwidth=dtype.primitive_bitwidth,
                                                    rank=2)
-    ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
-    if DQ >= 3:
-        dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_D], dq_ptr.layout)
+    if DQ == 6:
+        ds_smem = gl.allocate_shared_memory(dtype, [2, 2 * BLOCK_N, BLOCK_M], ds_layout)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_D // 2],
+                                            dq_ptr.layout)
+        ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for c in gl.static_range(2):
+            mbarrier.init(ds_ready.index(c), count=2)
     else:
-        dq_smem = ds_smem
+        ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
+        ds_ready = q_ready
+        if DQ >= 3:
+            dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_D],
+                                                dq_ptr.layout)
+        else:
+            dq_smem = ds_smem
     for c in gl.static_range(2):
         mbarrier.init(kv_bars.index(c), count=1)
     for i in gl.static_range(STAGES):
@@ -339,9 +399,17 @@ def _dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, del
     args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, k_smem,
             v_smem, q_smem, do_smem, kv_bars, q_ready, q_empty, row0, start_n, m_lo,
             n_qtiles, qk_scale, sm_scale, dq_ptr, ds_smem, sem_ptr, N_CTX,
-            start_n if DQ == 2 or DQ == 4 else 0, dq_smem)
+            start_n if DQ == 2 or DQ == 4 else 0, dq_smem, ds_ready)
     # DQ 5: as 3 without the reduce-add (dQ is not computed): where 3's time goes
-    if DQ == 5:
+    if DQ == 6:
+        if CAUSAL:
+            gl.warp_specialize([(_consume0_causal_split, (args, )),
+                                (_consume1_causal_split, (args, )), (_loads, (args, ))],
+                               [4, 1], [240, 24])
+        else:
+            gl.warp_specialize([(_consume0_split, (args, )), (_consume1_split, (args, )),
+                                (_loads, (args, ))], [4, 1], [240, 24])
+    elif DQ == 5:
         gl.warp_specialize([(_consume0_staged, (args, )), (_consume1_staged, (args, )),
                             (_loads, (args, ))], [4, 1], [240, 24])
     elif DQ == 4:
@@ -376,7 +444,7 @@ def _dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, del
 
 
 def dkdv(q, k, v, do, lse, delta, causal: bool, dq_acc=None, ordered=False, bulk=False,
-         staged_only=False):
+         staged_only=False, split=False):
     """dK, dV of softmax(Q Kᵀ / √D) V for ``do``, from the forward's base-2 ``lse`` and
     delta = rowsum(dO ∘ O) (both fp32, (B, H, N)). ``dq_acc`` (fp32, q's shape, zeroed):
     dS K is added into it as well (five products per tile pair); dQ = dq_acc / √D.
@@ -404,10 +472,15 @@ def dkdv(q, k, v, do, lse, delta, causal: bool, dq_acc=None, ordered=False, bulk
         if not bulk or ordered or causal:
             raise ValueError("gluon_bwd: staged_only is bulk, non-causal, as they come")
         mode = 5
+    if split:  # dQ's head-dim halves, one per warpgroup, over both warpgroups' keys
+        if not bulk or ordered or staged_only:
+            raise ValueError("gluon_bwd: split is bulk, as they come")
+        mode = 6
     if bulk:
+        cols = D // 2 if split else D
         dq_acc = TensorDescriptor.from_tensor(
-            dq_acc.reshape(-1, D), [BLOCK_M, D],
-            gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], gl.float32))
+            dq_acc.reshape(-1, D), [BLOCK_M, cols],
+            gl.NVMMASharedLayout.get_default_for([BLOCK_M, cols], gl.float32))
     scale = D ** -0.5
     _dkdv_kernel[(N // (2 * BLOCK_N), B * H)](
         desc(q, BLOCK_M), desc(k, BLOCK_N), desc(v, BLOCK_N), desc(do, BLOCK_M),
@@ -427,7 +500,7 @@ def _compile_only(ptx_dir: Path | None) -> int:
         for causal in (False, True):
             kinds = ["none", "atomic"] + ([] if causal else ["ordered"])
             if BULK:
-                kinds += ["bulk"] + ([] if causal else ["bulk_ordered", "staged"])
+                kinds += ["bulk", "split"] + ([] if causal else ["bulk_ordered", "staged"])
             for with_dq in kinds:
                 comp.tag = f"D={D} causal={causal} dq={with_dq}"
                 t = torch.empty(16, 16, 4096, D, dtype=torch.bfloat16)
@@ -435,8 +508,8 @@ def _compile_only(ptx_dir: Path | None) -> int:
                 acc = torch.empty(16, 16, 4096, D) if with_dq != "none" else None
                 try:
                     dkdv(t, t, t, t, r, r, causal, acc, with_dq.endswith("ordered"),
-                         with_dq.startswith("bulk") or with_dq == "staged",
-                         with_dq == "staged")
+                         with_dq.startswith("bulk") or with_dq in ("staged", "split"),
+                         with_dq == "staged", with_dq == "split")
                 except Exception as e:  # noqa: BLE001 - reported per variant
                     print(comp.tag, "error:", type(e).__name__, str(e)[:800])
     for r in comp.records:
@@ -444,7 +517,7 @@ def _compile_only(ptx_dir: Path | None) -> int:
     return 0
 
 
-def _on_gpu(out: Path, ordered: bool, dims: tuple[int, ...]) -> int:
+def _on_gpu(out: Path, ordered: bool, dims: tuple[int, ...], variants: set) -> int:
     import torch.nn.functional as F
     import triton
     import triton.testing
@@ -466,7 +539,7 @@ def _on_gpu(out: Path, ordered: bool, dims: tuple[int, ...]) -> int:
             o, lse = fa._forward(q, k, v, p, False)
             delta = (o.float() * do.float()).sum(-1)
             ref_dq, ref_dk, ref_dv = fa._backward(do, q, k, v, o, lse, p, True, False)
-            row = dict(D=D, causal=causal,
+            row = dict(D=D, causal=causal, ref_dq_max_abs=float(ref_dq.float().abs().max()),
                        ours_bwd_ms=bench(partial(fa._backward, do, q, k, v, o, lse, p, True,
                                                  False)))
             qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
@@ -480,44 +553,34 @@ def _on_gpu(out: Path, ordered: bool, dims: tuple[int, ...]) -> int:
                 res["rows"].append(row)
                 out.write_text(json.dumps(res, indent=1))
                 continue
-            run = partial(dkdv, q, k, v, do, lse, delta, causal)
-            try:
-                dk, dv = run()
-                torch.cuda.synchronize()
-                row["gluon_dkdv"] = dict(
-                    dk_max_abs_vs_ours=float((dk.float() - ref_dk.float()).abs().max()),
-                    dv_max_abs_vs_ours=float((dv.float() - ref_dv.float()).abs().max()),
-                    ms=bench(run))
-            except Exception as e:  # noqa: BLE001 - reported per variant
-                row["gluon_dkdv"] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
+            if "dkdv" in variants:
+                run = partial(dkdv, q, k, v, do, lse, delta, causal)
+                try:
+                    dk, dv = run()
+                    torch.cuda.synchronize()
+                    row["gluon_dkdv"] = dict(
+                        dk_max_abs_vs_ours=float((dk.float() - ref_dk.float()).abs().max()),
+                        dv_max_abs_vs_ours=float((dv.float() - ref_dv.float()).abs().max()),
+                        ms=bench(run))
+                except Exception as e:  # noqa: BLE001 - reported per variant
+                    row["gluon_dkdv"] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
 
-            def five(q=q, k=k, v=v, do=do, lse=lse, delta=delta, causal=causal, D=D):
+            def five(q=q, k=k, v=v, do=do, lse=lse, delta=delta, causal=causal, D=D, **kw):
                 acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-                dk, dv = dkdv(q, k, v, do, lse, delta, causal, acc)
+                dk, dv = dkdv(q, k, v, do, lse, delta, causal, acc, **kw)
                 return (acc * D ** -0.5).to(q.dtype), dk, dv
 
-            try:
-                dq, dk, dv = five()
-                torch.cuda.synchronize()
-                row["gluon_five_atomic"] = dict(
-                    dq_max_abs_vs_ours=float((dq.float() - ref_dq.float()).abs().max()),
-                    dk_max_abs_vs_ours=float((dk.float() - ref_dk.float()).abs().max()),
-                    dv_max_abs_vs_ours=float((dv.float() - ref_dv.float()).abs().max()),
-                    ref_dq_max_abs=float(ref_dq.float().abs().max()), ms=bench(five))
-            except Exception as e:  # noqa: BLE001 - reported per variant
-                row["gluon_five_atomic"] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
+            fives = {"atomic": {}}
             if BULK:
-                def five_bulk(q=q, k=k, v=v, do=do, lse=lse, delta=delta, causal=causal, D=D):
-                    acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-                    dk, dv = dkdv(q, k, v, do, lse, delta, causal, acc, bulk=True)
-                    return (acc * D ** -0.5).to(q.dtype), dk, dv
-
-                _five_row(row, "gluon_five_bulk", five_bulk, bench, ref_dq, ref_dk, ref_dv)
-                if not causal:
-                    acc0 = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-                    row["gluon_five_staged_only_ms"] = bench(partial(
-                        dkdv, q, k, v, do, lse, delta, False, acc0, bulk=True,
-                        staged_only=True))
+                fives.update(bulk=dict(bulk=True), split=dict(bulk=True, split=True))
+            for name, kw in fives.items():
+                if name in variants:
+                    _five_row(row, f"gluon_five_{name}", partial(five, **kw), bench, ref_dq,
+                              ref_dk, ref_dv)
+            if BULK and not causal and "staged" in variants:
+                acc0 = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+                row["gluon_five_staged_only_ms"] = bench(partial(
+                    dkdv, q, k, v, do, lse, delta, False, acc0, bulk=True, staged_only=True))
             # our own kernels' split: the dK/dV kernel alone (the deterministic default
             # launches it, then the dQ kernel); from the whole backward's profile
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -571,6 +634,9 @@ def main(argv=None) -> int:
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--ptx-dir", type=Path, default=None)
     ap.add_argument("--d", default="128,64", help="head dims on the GPU, e.g. 128")
+    ap.add_argument("--variants", default="dkdv,atomic,bulk,split,staged",
+                    help="which kernels to time beside ours and cuDNN (bulk, split, staged: "
+                         "triton 3.9)")
     ap.add_argument("--ordered", action="store_true",
                     help="only the five-product kernel with ordered dQ adds (non-causal)")
     args = ap.parse_args(argv)
@@ -578,7 +644,8 @@ def main(argv=None) -> int:
         return _compile_only(args.ptx_dir)
     if args.out is None:
         ap.error("--out is required on a GPU")
-    return _on_gpu(args.out, args.ordered, tuple(int(x) for x in args.d.split(",")))
+    return _on_gpu(args.out, args.ordered, tuple(int(x) for x in args.d.split(",")),
+                   set(args.variants.split(",")))
 
 
 if __name__ == "__main__":
