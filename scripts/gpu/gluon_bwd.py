@@ -106,7 +106,7 @@ def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr, DQ: gl.constexpr):
     diagnostic (the tile staged, not added), 6 the head dim split between the warpgroups:
     both write their dSᵀ rows into one buffer (``ds_ready`` counts the two), and each
     multiplies all 128 keys' dS by its half of K's columns, so that every dQ element is
-    added once per program, not once per warpgroup."""
+    added once per program, not once per warpgroup; 7 the same in order."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, k_smem, v_smem,
      q_smem, do_smem, kv_bars, q_ready, q_empty, row0, start_n, m_lo, n_qtiles,
      qk_scale, sm_scale, dq_ptr, ds_smem, sem_ptr, n_ctx, rot, dq_smem, ds_ready) = args
@@ -122,7 +122,7 @@ def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr, DQ: gl.constexpr):
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout,
                                                  k_width=2)
     cols: gl.constexpr = gl.SliceLayout(0, s_layout)
-    if DQ == 6:
+    if DQ >= 6:
         HH: gl.constexpr = HD // 2
         dqh_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HH, 16])
@@ -144,7 +144,7 @@ def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr, DQ: gl.constexpr):
         m0 = (m_lo + i * BM + rot) % n_ctx
         mbarrier.wait(q_ready.index(slot), (i // NS) & 1)
         live = m0 + BM > my_n  # under causal: some of these queries see this warpgroup's keys
-        if not CAUSAL or DQ == 6:  # DQ 6: both warpgroups take every tile (dQ needs both)
+        if not CAUSAL or DQ >= 6:  # DQ 6, 7: both warpgroups take every tile (dQ needs both)
             live = m0 >= 0
         if live:
             qs = q_smem.index(slot)
@@ -165,7 +165,7 @@ def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr, DQ: gl.constexpr):
             delta = gl.load(delta_ptr + row0 + offs_m)
             dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)
             dk = warpgroup_mma(gl.convert_layout(dst, a_layout), qs, dk, is_async=True)
-            if DQ == 6:
+            if DQ >= 6:
                 # dQ(i)'s head-dim half C over all 128 keys: both warpgroups' dSᵀ halves in
                 # one buffer (a slot per tile parity), then one bulk reduce-add per half
                 dsf = ds_smem.index(i % 2)
@@ -180,7 +180,19 @@ def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr, DQ: gl.constexpr):
                 tma.store_wait(pendings=0)
                 dqs.store(dq)
                 fence_async_shared()
-                _tma_reduce(dq_ptr, [row0 + m0, C * HH], dqs)
+                if DQ == 7:
+                    # in order: one counter per (query tile, head-dim half); the programs
+                    # visit the tiles rotated by their first key, so a tile's adders come
+                    # one per program, every other step, the previous one the next program
+                    sem = sem_ptr + ((row0 + m0) // BM) * 2 + C
+                    while gl.atomic_add(sem, 0, sem="acquire") != i // 2:
+                        pass
+                    _tma_reduce(dq_ptr, [row0 + m0, C * HH], dqs)
+                    tma.store_wait(pendings=0, read_only=False)
+                    _barrier()
+                    gl.atomic_add(sem, 1, sem="release")
+                else:
+                    _tma_reduce(dq_ptr, [row0 + m0, C * HH], dqs)
             elif DQ:
                 dss.store(dst)
                 fence_async_shared()
@@ -318,6 +330,16 @@ def _consume1_causal_split(args):
 
 
 @gluon.jit
+def _consume0_split_ordered(args):
+    _consume(args, 0, False, 7)
+
+
+@gluon.jit
+def _consume1_split_ordered(args):
+    _consume(args, 1, False, 7)
+
+
+@gluon.jit
 def _consume0_staged(args):
     _consume(args, 0, False, 5)
 
@@ -375,7 +397,7 @@ def _dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, del
     ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128,
                                                    element_bitwidth=dtype.primitive_bitwidth,
                                                    rank=2)
-    if DQ == 6:
+    if DQ >= 6:
         ds_smem = gl.allocate_shared_memory(dtype, [2, 2 * BLOCK_N, BLOCK_M], ds_layout)
         dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_D // 2],
                                             dq_ptr.layout)
@@ -399,9 +421,13 @@ def _dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, del
     args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, k_smem,
             v_smem, q_smem, do_smem, kv_bars, q_ready, q_empty, row0, start_n, m_lo,
             n_qtiles, qk_scale, sm_scale, dq_ptr, ds_smem, sem_ptr, N_CTX,
-            start_n if DQ == 2 or DQ == 4 else 0, dq_smem, ds_ready)
+            start_n if DQ == 2 or DQ == 4 or DQ == 7 else 0, dq_smem, ds_ready)
     # DQ 5: as 3 without the reduce-add (dQ is not computed): where 3's time goes
-    if DQ == 6:
+    if DQ == 7:
+        gl.warp_specialize([(_consume0_split_ordered, (args, )),
+                            (_consume1_split_ordered, (args, )), (_loads, (args, ))],
+                           [4, 1], [240, 24])
+    elif DQ == 6:
         if CAUSAL:
             gl.warp_specialize([(_consume0_causal_split, (args, )),
                                 (_consume1_causal_split, (args, )), (_loads, (args, ))],
@@ -465,7 +491,7 @@ def dkdv(q, k, v, do, lse, delta, causal: bool, dq_acc=None, ordered=False, bulk
 
     if ordered and (causal or dq_acc is None):
         raise ValueError("gluon_bwd: ordered dQ adds are non-causal and need dq_acc")
-    sem = torch.zeros(B * H * (N // BLOCK_M), dtype=torch.int32, device=q.device) \
+    sem = torch.zeros(B * H * (N // BLOCK_M) * 2, dtype=torch.int32, device=q.device) \
         if ordered else lse
     mode = 0 if dq_acc is None else (2 if ordered else 1) + (2 if bulk else 0)
     if staged_only:  # a diagnostic: bulk's product and staging store without the add
@@ -473,9 +499,9 @@ def dkdv(q, k, v, do, lse, delta, causal: bool, dq_acc=None, ordered=False, bulk
             raise ValueError("gluon_bwd: staged_only is bulk, non-causal, as they come")
         mode = 5
     if split:  # dQ's head-dim halves, one per warpgroup, over both warpgroups' keys
-        if not bulk or ordered or staged_only:
-            raise ValueError("gluon_bwd: split is bulk, as they come")
-        mode = 6
+        if not bulk or staged_only:
+            raise ValueError("gluon_bwd: split is bulk")
+        mode = 7 if ordered else 6
     if bulk:
         cols = D // 2 if split else D
         dq_acc = TensorDescriptor.from_tensor(
@@ -500,7 +526,8 @@ def _compile_only(ptx_dir: Path | None) -> int:
         for causal in (False, True):
             kinds = ["none", "atomic"] + ([] if causal else ["ordered"])
             if BULK:
-                kinds += ["bulk", "split"] + ([] if causal else ["bulk_ordered", "staged"])
+                kinds += ["bulk", "split"] + ([] if causal else ["bulk_ordered", "staged",
+                                                                  "split_ordered"])
             for with_dq in kinds:
                 comp.tag = f"D={D} causal={causal} dq={with_dq}"
                 t = torch.empty(16, 16, 4096, D, dtype=torch.bfloat16)
@@ -508,8 +535,8 @@ def _compile_only(ptx_dir: Path | None) -> int:
                 acc = torch.empty(16, 16, 4096, D) if with_dq != "none" else None
                 try:
                     dkdv(t, t, t, t, r, r, causal, acc, with_dq.endswith("ordered"),
-                         with_dq.startswith("bulk") or with_dq in ("staged", "split"),
-                         with_dq == "staged", with_dq == "split")
+                         with_dq.startswith(("bulk", "split")) or with_dq == "staged",
+                         with_dq == "staged", with_dq.startswith("split"))
                 except Exception as e:  # noqa: BLE001 - reported per variant
                     print(comp.tag, "error:", type(e).__name__, str(e)[:800])
     for r in comp.records:
@@ -616,13 +643,16 @@ def _five_row(row, name, five, bench, ref_dq, ref_dk, ref_dv):
 def _ordered_row(row, bench, q, k, v, do, lse, delta, D, ref_dq, ref_dk, ref_dv):
     """The five-product kernel with dQ's adds in a fixed order (per-element adds, and with
     triton 3.9 bulk reduce-adds)."""
-    for name, bulk in (("gluon_five_ordered", False), ("gluon_five_bulk_ordered", True)):
+    for name, bulk, split in (("gluon_five_ordered", False, False),
+                              ("gluon_five_bulk_ordered", True, False),
+                              ("gluon_five_split_ordered", True, True)):
         if bulk and not BULK:
             continue
 
-        def five(bulk=bulk):
+        def five(bulk=bulk, split=split):
             acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-            dk, dv = dkdv(q, k, v, do, lse, delta, False, acc, ordered=True, bulk=bulk)
+            dk, dv = dkdv(q, k, v, do, lse, delta, False, acc, ordered=True, bulk=bulk,
+                          split=split)
             return (acc * D ** -0.5).to(q.dtype), dk, dv
 
         _five_row(row, name, five, bench, ref_dq, ref_dk, ref_dv)
