@@ -470,10 +470,11 @@ def _dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, del
 
 
 def dkdv(q, k, v, do, lse, delta, causal: bool, dq_acc=None, ordered=False, bulk=False,
-         staged_only=False, split=False):
+         staged_only=False, split=False, scale=None):
     """dK, dV of softmax(Q Kᵀ / √D) V for ``do``, from the forward's base-2 ``lse`` and
     delta = rowsum(dO ∘ O) (both fp32, (B, H, N)). ``dq_acc`` (fp32, q's shape, zeroed):
-    dS K is added into it as well (five products per tile pair); dQ = dq_acc / √D.
+    dS K is added into it as well (five products per tile pair); dQ = dq_acc · scale
+    (``scale`` the forward's, 1/√D when None).
     ``ordered``: the adds in a fixed order (bitwise-repeatable; non-causal only). ``bulk``:
     one bulk tensor reduce-add per tile (``tma.async_atomic_add``, triton 3.9's Gluon)
     instead of per-element atomics."""
@@ -507,7 +508,7 @@ def dkdv(q, k, v, do, lse, delta, causal: bool, dq_acc=None, ordered=False, bulk
         dq_acc = TensorDescriptor.from_tensor(
             dq_acc.reshape(-1, D), [BLOCK_M, cols],
             gl.NVMMASharedLayout.get_default_for([BLOCK_M, cols], gl.float32))
-    scale = D ** -0.5
+    scale = D ** -0.5 if scale is None else scale
     _dkdv_kernel[(N // (2 * BLOCK_N), B * H)](
         desc(q, BLOCK_M), desc(k, BLOCK_N), desc(v, BLOCK_N), desc(do, BLOCK_M),
         desc(dk, BLOCK_N), desc(dv, BLOCK_N), lse, delta, dq_acc if dq_acc is not None else lse,
