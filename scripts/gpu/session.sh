@@ -73,6 +73,14 @@
 #                                         (carried; `git archive COMMIT | tar -x -C .ab/OLD` here),
 #                                         timed in alternation (scripts/gpu/ab_time.py; AB_ARGS:
 #                                         e.g. "--d 64 --rounds 3")
+#   bash scripts/gpu/session.sh bwd39     the five-product Gluon backward under triton 3.9 (carry
+#                                         .triton: `bash scripts/gpu/triton_slim.sh pack 3.9.0`
+#                                         here): scripts/gpu/gluon_bwd.py timed and checked
+#                                         (BWD39_D, default "128,64"), then its --ordered forms,
+#                                         then BWD39_MIN minutes (default 3) of `flashcheck fuzz`
+#                                         on gluon_bwd_domain.py's :attention and
+#                                         :attention_ordered side by side; longer than one
+#                                         call: `detach bwd39`, then `collect`
 # Several phases may share one call (session.sh throughput peers); they run in this file's order.
 set -uo pipefail
 : "${1:?phase}"
@@ -114,6 +122,24 @@ if has bench; then
     --prewarm-timeout-s "${PREWARM_S:-200}" --budget-s "${BUDGET_S:-330}" --out "$R/bench" \
     ${BENCH_ARGS:-} > "$R/bench.log" 2>&1
   el "bench exit=$?"
+fi
+if has bwd39; then
+  el bwd39
+  . scripts/gpu/triton_slim.sh use > "$R/env-bwd39.txt" 2>&1
+  export TRITON_CACHE_DIR=$PWD/.tcache39
+  timeout -s TERM 360 python3 scripts/gpu/gluon_bwd.py --d "${BWD39_D:-128,64}" \
+    --out "$R/bwd39.json" > "$R/bwd39.log" 2>&1
+  el "bwd39 exit=$?"
+  timeout -s TERM 150 python3 scripts/gpu/gluon_bwd.py --d "${BWD39_D:-128,64}" --ordered \
+    --out "$R/bwd39_ordered.json" > "$R/bwd39_ordered.log" 2>&1
+  el "bwd39 ordered exit=$?"
+  for entry in attention attention_ordered; do
+    job "bwd39-fuzz-$entry" $(( ${BWD39_MIN:-3} * 60 + 150 )) python3 -m flashcheck fuzz \
+      --kernel "scripts/gpu/gluon_bwd_domain.py:$entry" --device cuda --minutes "${BWD39_MIN:-3}" \
+      --keep-going --seed "${FUZZ_SEED:-20261213}" --workers 4 --out "$R/bwd39-fuzz-$entry"
+  done
+  wait
+  el "bwd39 fuzz done"
 fi
 if has ab; then
   el ab
