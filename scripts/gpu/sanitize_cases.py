@@ -9,7 +9,9 @@ the summary counts its launches. ``--ws-probe`` runs instead a Gluon kernel that
 partitions (``gl.warp_specialize``: a 4-warp default, a 4-warp and a 1-warp worker, the
 forward's shape) and no shared memory of its own, each partition writing its own global
 elements: what racecheck reports for it comes from how the partitions are started, not
-from any kernel's data.
+from any kernel's data. ``--ws-ring-probe`` adds the forward's synchronisation (a TMA ring
+with mbarriers between a producer warp and two consumer partitions), still without shared
+memory of the kernel's own beyond the ring.
 """
 
 from __future__ import annotations
@@ -60,6 +62,80 @@ def _ws_probe() -> int:
     return 0 if ok else 1
 
 
+def _ws_ring_probe(device: str = "cuda") -> int:
+    """The forward's synchronisation without its arithmetic: a producer warp streams 64x64
+    fp16 tiles by TMA through a two-slot ring (ready/empty mbarriers, a slot refilled when
+    both consumers released it) and two 4-warp consumer partitions sum every tile, for 256
+    tiles per program; the partitions spend the kernel in mbarrier waits, as the forward's
+    do. Each consumer's sum must equal the program's tiles' sum."""
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+    @gluon.jit
+    def _producer(args):
+        desc, ring, ready, empty, out_ptr, row0, n_tiles = args
+        rows = ring.type.shape[1]
+        for t in range(n_tiles):
+            slot = t % 2
+            mbarrier.wait(empty.index(slot), ((t // 2) & 1) ^ 1)
+            mbarrier.expect(ready.index(slot), desc.block_type.nbytes)
+            load(desc, [row0 + t * rows, 0], ready.index(slot), ring.index(slot))
+
+    @gluon.jit
+    def _consumer(args, C: gl.constexpr):
+        desc, ring, ready, empty, out_ptr, row0, n_tiles = args
+        lay: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        BR: gl.constexpr = ring.type.shape[1]
+        BC: gl.constexpr = ring.type.shape[2]
+        acc = gl.zeros([BR, BC], gl.float32, layout=lay)
+        for t in range(n_tiles):
+            slot = t % 2
+            mbarrier.wait(ready.index(slot), (t // 2) & 1)
+            acc += ring.index(slot).load(lay).to(gl.float32)
+            mbarrier.arrive(empty.index(slot), count=1)
+        gl.store(out_ptr + gl.program_id(0) * 2 + C, gl.sum(gl.sum(acc, 1), 0))
+
+    @gluon.jit
+    def _consumer0(args):
+        _consumer(args, 0)
+
+    @gluon.jit
+    def _consumer1(args):
+        _consumer(args, 1)
+
+    @gluon.jit
+    def _ring_probe(desc, out_ptr, n_tiles):
+        ring = gl.allocate_shared_memory(desc.dtype, [2] + desc.block_type.shape, desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=2)
+        row0 = gl.program_id(0) * n_tiles * desc.block_type.shape[0]
+        args = (desc, ring, ready, empty, out_ptr, row0, n_tiles)
+        gl.warp_specialize([(_consumer0, (args, )), (_consumer1, (args, )),
+                            (_producer, (args, ))], [4, 1], [240, 24])
+
+    programs, n_tiles = 264, 256
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-2, 3, (programs * n_tiles * 64, 64), generator=g).half().to(device)
+    layout = gl.NVMMASharedLayout.get_default_for([64, 64], gl.float16)
+    out = torch.zeros(programs * 2, dtype=torch.float32, device=device)
+    _ring_probe[(programs, )](TensorDescriptor.from_tensor(x, [64, 64], layout), out, n_tiles,
+                              num_warps=4, maxnreg=168)
+    if device != "cuda":
+        return 0  # the sm_90a compile check: nothing ran
+    torch.cuda.synchronize()
+    want = x.float().view(programs, -1).sum(1).repeat_interleave(2)
+    ok = torch.equal(out, want)
+    print("ws-ring-probe:", "ok" if ok else "wrong sums")
+    return 0 if ok else 1
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ns", default="1,17,127,129,1000")
@@ -67,9 +143,13 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--ws-probe", action="store_true",
                     help="only the partition-start probe (see the module docstring)")
+    ap.add_argument("--ws-ring-probe", action="store_true",
+                    help="only the mbarrier ring probe (see _ws_ring_probe)")
     args = ap.parse_args(argv)
     if args.ws_probe:
         return _ws_probe()
+    if args.ws_ring_probe:
+        return _ws_ring_probe()
     dtype = getattr(torch, args.dtype)
     g = torch.Generator().manual_seed(0)
     n_runs = 0
