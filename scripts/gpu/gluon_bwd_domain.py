@@ -5,13 +5,14 @@ warpgroups) behind our forward, as a kernel the harness can fuzz on the H200.
     flashcheck fuzz --kernel scripts/gpu/gluon_bwd_domain.py:attention --device cuda ...
     flashcheck fuzz --kernel scripts/gpu/gluon_bwd_domain.py:attention_ordered --device cuda ...
 
-``attention``: our forward (``flashcheck.kernels.flash_attention._forward``; the Gluon forward
-where it applies), then delta = rowsum(dO ∘ O) in fp32 and the prototype's dK/dV kernel with
-dQ added inside by bulk reduce-adds as they come (``deterministic_backward`` False).
-``attention_ordered``: the same with the adds in a fixed order (non-causal; declared
-bitwise repeatable). The domain is the prototype's: float16/bfloat16, head dim 64 or 128,
-Nq = Nk a multiple of 128 (at most 2048, so that the float64 oracles stay quick),
-contiguous (B, H, N, D), no mask, no window, no GQA, causal (top-left) or not, any scale.
+``attention``: our Triton forward (``flashcheck.kernels.flash_attention._forward`` with the
+Gluon forward switched off, so that the campaign is about the backward), then delta =
+rowsum(dO ∘ O) in fp32 and the prototype's dK/dV kernel with dQ added inside by bulk
+reduce-adds as they come (``deterministic_backward`` False). ``attention_ordered``: the
+same with the adds in a fixed order (non-causal; declared bitwise repeatable). The domain
+is the prototype's: float16/bfloat16, head dim 64 or 128, Nq = Nk a multiple of 128 (at
+most 2048, so that the float64 oracles stay quick), contiguous (B, H, N, D), no mask, no
+window, no GQA, causal (top-left) or not, any scale.
 Importing it under a triton without Gluon's bulk reduce-add (3.6) raises ImportError with
 what to do.
 """
@@ -39,7 +40,9 @@ if not gluon_bwd.BULK:
 class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, p, ordered):
-        out, lse = fa._forward(q, k, v, p, False)
+        # the Triton forward (Gluon off): a failure here is the backward's or the glue's
+        with _common.gluon("off"):
+            out, lse = fa._forward(q, k, v, p, False)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.p, ctx.ordered = p, ordered
         return out
