@@ -73,7 +73,8 @@ def _loads(args):
     """Producer warp: K and V of each consumer once, then Q and dO tile by tile."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, k_smem, v_smem,
      q_smem, do_smem, kv_bars, q_ready, q_empty, row0, start_n, m_lo, n_qtiles,
-     qk_scale, sm_scale, dq_ptr, ds_smem, sem_ptr, n_ctx, rot, dq_smem, ds_ready) = args
+     qk_scale, sm_scale, dq_ptr, ds_smem, sem_ptr, n_ctx, rot, dq_smem, ds_ready, q_row0,
+     n_group) = args
     BN: gl.constexpr = k_smem.type.shape[0] // 2
     BM: gl.constexpr = q_smem.type.shape[1]
     NS: gl.constexpr = q_smem.type.shape[0]
@@ -82,13 +83,14 @@ def _loads(args):
         rows = row0 + start_n + c * BN
         _tma_load(k_desc, [rows, 0], kv_bars.index(c), k_smem.slice(c * BN, BN))
         _tma_load(v_desc, [rows, 0], kv_bars.index(c), v_smem.slice(c * BN, BN))
-    for i in range(n_qtiles):
-        slot = i % NS
-        free = ((i // NS) & 1) ^ 1
+    for j in range(n_group * n_qtiles):  # the group's query heads in turn (GQA)
+        i = j % n_qtiles
+        slot = j % NS
+        free = ((j // NS) & 1) ^ 1
         mbarrier.wait(q_empty.index(slot), free)
         mbarrier.expect(q_ready.index(slot),
                         q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-        m = row0 + (m_lo + i * BM + rot) % n_ctx
+        m = q_row0 + (j // n_qtiles) * n_ctx + (m_lo + i * BM + rot) % n_ctx
         _tma_load(q_desc, [m, 0], q_ready.index(slot), q_smem.index(slot))
         _tma_load(do_desc, [m, 0], q_ready.index(slot), do_smem.index(slot))
 
@@ -109,7 +111,8 @@ def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr, DQ: gl.constexpr):
     added once per program, not once per warpgroup; 7 the same in order."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, k_smem, v_smem,
      q_smem, do_smem, kv_bars, q_ready, q_empty, row0, start_n, m_lo, n_qtiles,
-     qk_scale, sm_scale, dq_ptr, ds_smem, sem_ptr, n_ctx, rot, dq_smem, ds_ready) = args
+     qk_scale, sm_scale, dq_ptr, ds_smem, sem_ptr, n_ctx, rot, dq_smem, ds_ready, q_row0,
+     n_group) = args
     BN: gl.constexpr = k_smem.type.shape[0] // 2
     HD: gl.constexpr = k_smem.type.shape[1]
     BM: gl.constexpr = q_smem.type.shape[1]
@@ -139,10 +142,12 @@ def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr, DQ: gl.constexpr):
     dv = gl.zeros([BN, HD], gl.float32, layout=acc_layout)
     s_zero = gl.zeros([BN, BM], gl.float32, layout=s_layout)
     mbarrier.wait(kv_bars.index(C), 0)
-    for i in range(n_qtiles):
-        slot = i % NS
+    for j in range(n_group * n_qtiles):  # the group's query heads in turn (GQA)
+        i = j % n_qtiles
+        qb = q_row0 + (j // n_qtiles) * n_ctx  # this query head's rows
+        slot = j % NS
         m0 = (m_lo + i * BM + rot) % n_ctx
-        mbarrier.wait(q_ready.index(slot), (i // NS) & 1)
+        mbarrier.wait(q_ready.index(slot), (j // NS) & 1)
         live = m0 + BM > my_n  # under causal: some of these queries see this warpgroup's keys
         if not CAUSAL or DQ >= 6:  # DQ 6, 7: both warpgroups take every tile (dQ needs both)
             live = m0 >= 0
@@ -154,7 +159,7 @@ def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr, DQ: gl.constexpr):
                                 is_async=True)
             st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
             offs_m = m0 + gl.arange(0, BM, layout=cols)
-            lse = gl.load(lse_ptr + row0 + offs_m)
+            lse = gl.load(lse_ptr + qb + offs_m)
             pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))
             if CAUSAL:
                 keys = my_n + gl.arange(0, BN, layout=gl.SliceLayout(1, s_layout))
@@ -162,17 +167,17 @@ def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr, DQ: gl.constexpr):
             p_in = pt.to(dtype)
             dv = warpgroup_mma(gl.convert_layout(p_in, a_layout), dos, dv, is_async=True)
             dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
-            delta = gl.load(delta_ptr + row0 + offs_m)
+            delta = gl.load(delta_ptr + qb + offs_m)
             dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)
             dk = warpgroup_mma(gl.convert_layout(dst, a_layout), qs, dk, is_async=True)
             if DQ >= 6:
                 # dQ(i)'s head-dim half C over all 128 keys: both warpgroups' dSᵀ halves in
                 # one buffer (a slot per tile parity), then one bulk reduce-add per half
-                dsf = ds_smem.index(i % 2)
+                dsf = ds_smem.index(j % 2)
                 dsf.slice(C * BN, BN, dim=0).store(dst)
                 fence_async_shared()
-                mbarrier.arrive(ds_ready.index(i % 2), count=1)
-                mbarrier.wait(ds_ready.index(i % 2), (i // 2) & 1)
+                mbarrier.arrive(ds_ready.index(j % 2), count=1)
+                mbarrier.wait(ds_ready.index(j % 2), (j // 2) & 1)
                 dq = warpgroup_mma(dsf.permute((1, 0)), k_half, dq_zero, use_acc=False,
                                    is_async=True)
                 dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))
@@ -184,15 +189,15 @@ def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr, DQ: gl.constexpr):
                     # in order: one counter per (query tile, head-dim half); the programs
                     # visit the tiles rotated by their first key, so a tile's adders come
                     # one per program, every other step, the previous one the next program
-                    sem = sem_ptr + ((row0 + m0) // BM) * 2 + C
+                    sem = sem_ptr + ((qb + m0) // BM) * 2 + C
                     while gl.atomic_add(sem, 0, sem="acquire") != i // 2:
                         pass
-                    _tma_reduce(dq_ptr, [row0 + m0, C * HH], dqs)
+                    _tma_reduce(dq_ptr, [qb + m0, C * HH], dqs)
                     tma.store_wait(pendings=0, read_only=False)
                     _barrier()
                     gl.atomic_add(sem, 1, sem="release")
                 else:
-                    _tma_reduce(dq_ptr, [row0 + m0, C * HH], dqs)
+                    _tma_reduce(dq_ptr, [qb + m0, C * HH], dqs)
             elif DQ:
                 dss.store(dst)
                 fence_async_shared()
@@ -209,20 +214,20 @@ def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr, DQ: gl.constexpr):
                     if DQ == 5:
                         pass  # a diagnostic: the product and the staging store, no add
                     elif DQ == 4:
-                        sem = sem_ptr + (row0 + m0) // BM
+                        sem = sem_ptr + (qb + m0) // BM
                         rank = 2 * (i // 2) + C
                         while gl.atomic_add(sem, 0, sem="acquire") != rank:
                             pass
-                        _tma_reduce(dq_ptr, [row0 + m0, 0], dqs)
+                        _tma_reduce(dq_ptr, [qb + m0, 0], dqs)
                         tma.store_wait(pendings=0, read_only=False)
                         _barrier()
                         gl.atomic_add(sem, 1, sem="release")
                     else:
-                        _tma_reduce(dq_ptr, [row0 + m0, 0], dqs)
+                        _tma_reduce(dq_ptr, [qb + m0, 0], dqs)
                 if DQ < 3:
                     rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, acc_layout))
                     dcols = gl.arange(0, HD, layout=gl.SliceLayout(0, acc_layout))
-                    ptrs = (dq_ptr + (row0 + gl.expand_dims(rows, 1)).to(gl.int64) * HD
+                    ptrs = (dq_ptr + (qb + gl.expand_dims(rows, 1)).to(gl.int64) * HD
                             + gl.expand_dims(dcols, 0))
                 if DQ == 1:
                     gl.atomic_add(ptrs, dq, sem="relaxed")
@@ -230,7 +235,7 @@ def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr, DQ: gl.constexpr):
                     # ordered: this warpgroup's turn on tile m0 is its rank among the tile's
                     # adders (programs visit the tiles rotated by their first key, so the
                     # tile's previous adder is the next program, two steps earlier)
-                    sem = sem_ptr + (row0 + m0) // BM
+                    sem = sem_ptr + (qb + m0) // BM
                     rank = 2 * (i // 2) + C
                     while gl.atomic_add(sem, 0, sem="acquire") != rank:
                         pass
@@ -371,14 +376,16 @@ def _consume1_causal_dq(args):
 
 @gluon.jit
 def _dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr,
-                 dq_ptr, sem_ptr, qk_scale, sm_scale, N_CTX, BLOCK_N: gl.constexpr,
+                 dq_ptr, sem_ptr, qk_scale, sm_scale, N_CTX, GROUP, BLOCK_N: gl.constexpr,
                  BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
                  CAUSAL: gl.constexpr, DQ: gl.constexpr):
-    """One program per (128 keys, batch x head)."""
+    """One program per (128 keys, batch x kv head); under GQA its dK/dV accumulate over
+    the group's query heads (one fp32 accumulator, the package's contract)."""
     dtype: gl.constexpr = q_desc.dtype
     pid_n = gl.program_id(0)
     bh = gl.program_id(1)
-    row0 = bh * N_CTX
+    row0 = bh * N_CTX  # K, V, dK, dV rows
+    q_row0 = bh * GROUP * N_CTX  # the group's first query head's rows (b·Hq + h·GROUP)
     start_n = pid_n * (2 * BLOCK_N)
     if CAUSAL:
         m_lo = (start_n // BLOCK_M) * BLOCK_M  # query rows above the keys see none of them
@@ -421,7 +428,8 @@ def _dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, del
     args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, k_smem,
             v_smem, q_smem, do_smem, kv_bars, q_ready, q_empty, row0, start_n, m_lo,
             n_qtiles, qk_scale, sm_scale, dq_ptr, ds_smem, sem_ptr, N_CTX,
-            start_n if DQ == 2 or DQ == 4 or DQ == 7 else 0, dq_smem, ds_ready)
+            start_n if DQ == 2 or DQ == 4 or DQ == 7 else 0, dq_smem, ds_ready, q_row0,
+            GROUP)
     # DQ 5: as 3 without the reduce-add (dQ is not computed): where 3's time goes
     if DQ == 7:
         gl.warp_specialize([(_consume0_split_ordered, (args, )),
@@ -472,17 +480,23 @@ def _dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, del
 def dkdv(q, k, v, do, lse, delta, causal: bool, dq_acc=None, ordered=False, bulk=False,
          staged_only=False, split=False, scale=None):
     """dK, dV of softmax(Q Kᵀ / √D) V for ``do``, from the forward's base-2 ``lse`` and
-    delta = rowsum(dO ∘ O) (both fp32, (B, H, N)). ``dq_acc`` (fp32, q's shape, zeroed):
+    delta = rowsum(dO ∘ O) (both fp32, (B, H, N)); K and V may have fewer heads (GQA:
+    query head h reads kv head h // (H / Hkv)). ``dq_acc`` (fp32, q's shape, zeroed):
     dS K is added into it as well (five products per tile pair); dQ = dq_acc · scale
     (``scale`` the forward's, 1/√D when None).
     ``ordered``: the adds in a fixed order (bitwise-repeatable; non-causal only). ``bulk``:
     one bulk tensor reduce-add per tile (``tma.async_atomic_add``, triton 3.9's Gluon)
     instead of per-element atomics."""
     B, H, N, D = q.shape
-    if N % (2 * BLOCK_N) or D not in (64, 128) or not all(
-            t.is_contiguous() and t.shape == q.shape for t in (k, v, do)):
-        raise ValueError(f"gluon_bwd: contiguous q, k, v, do of one shape, N a multiple of "
-                         f"{2 * BLOCK_N}, D 64 or 128; got {tuple(q.shape)}")
+    Hkv = k.shape[1]
+    if (N % (2 * BLOCK_N) or D not in (64, 128) or H % Hkv or do.shape != q.shape
+            or v.shape != k.shape or k.shape != (B, Hkv, N, D)
+            or not all(t.is_contiguous() for t in (q, k, v, do))):
+        raise ValueError(f"gluon_bwd: contiguous q, do (B, H, N, D) and k, v (B, Hkv, N, D), "
+                         f"H a multiple of Hkv, N a multiple of {2 * BLOCK_N}, D 64 or 128; "
+                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if ordered and H != Hkv:
+        raise ValueError("gluon_bwd: ordered dQ adds are for MHA (Hq == Hkv)")
     gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[q.dtype]
     dk, dv = torch.empty_like(k), torch.empty_like(v)
 
@@ -509,10 +523,11 @@ def dkdv(q, k, v, do, lse, delta, causal: bool, dq_acc=None, ordered=False, bulk
             dq_acc.reshape(-1, D), [BLOCK_M, cols],
             gl.NVMMASharedLayout.get_default_for([BLOCK_M, cols], gl.float32))
     scale = D ** -0.5 if scale is None else scale
-    _dkdv_kernel[(N // (2 * BLOCK_N), B * H)](
+    _dkdv_kernel[(N // (2 * BLOCK_N), B * Hkv)](
         desc(q, BLOCK_M), desc(k, BLOCK_N), desc(v, BLOCK_N), desc(do, BLOCK_M),
         desc(dk, BLOCK_N), desc(dv, BLOCK_N), lse, delta, dq_acc if dq_acc is not None else lse,
-        sem, scale * math.log2(math.e), scale, N, BLOCK_N=BLOCK_N, BLOCK_M=BLOCK_M, HEAD_D=D,
+        sem, scale * math.log2(math.e), scale, N, H // Hkv, BLOCK_N=BLOCK_N, BLOCK_M=BLOCK_M,
+        HEAD_D=D,
         STAGES=STAGES, CAUSAL=causal, DQ=mode, num_warps=4, maxnreg=168)
     return dk, dv
 

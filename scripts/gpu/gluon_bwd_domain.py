@@ -12,7 +12,8 @@ reduce-adds as they come (``deterministic_backward`` False). ``attention_ordered
 same with the adds in a fixed order (non-causal; declared bitwise repeatable). The domain
 is the prototype's: float16/bfloat16, head dim 64 or 128, Nq = Nk a multiple of 128 (at
 most 2048, so that the float64 oracles stay quick), contiguous (B, H, N, D), no mask, no
-window, no GQA, causal (top-left) or not, any scale.
+window, GQA (dK/dV in one fp32 accumulator over the group; not in the ordered form), causal
+(top-left) or not, any scale.
 Importing it under a triton without Gluon's bulk reduce-add (3.6) raises ImportError with
 what to do.
 """
@@ -64,10 +65,10 @@ def _run(ordered, query, key, value, attn_mask, dropout_p, is_causal, scale, ena
          window, causal_alignment):
     p = _common.validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                          window, causal_alignment)
-    if attn_mask is not None or window is not None or p.Hq != p.Hkv or p.Nq != p.Nk:
-        raise ValueError("gluon_bwd_domain: no mask, no window, no GQA, Nq == Nk")
-    if ordered and is_causal:
-        raise ValueError("gluon_bwd_domain: the ordered adds are non-causal")
+    if attn_mask is not None or window is not None or p.Nq != p.Nk:
+        raise ValueError("gluon_bwd_domain: no mask, no window, Nq == Nk")
+    if ordered and (is_causal or p.Hq != p.Hkv):
+        raise ValueError("gluon_bwd_domain: the ordered adds are non-causal, MHA")
     q, k, v = (t.contiguous() for t in (query, key, value))
     return _Attention.apply(q, k, v, p, ordered)
 
@@ -85,6 +86,14 @@ def attention_ordered(query, key, value, attn_mask=None, dropout_p=0.0, is_causa
                 window, causal_alignment)
 
 
+def _ordered_supports(case) -> str | None:
+    if case.is_causal:
+        return "the ordered adds are non-causal"
+    if case.Hq != case.Hkv:
+        return "the ordered adds are for MHA (no GQA)"
+    return None
+
+
 _DOMAIN = {
     **fa.capabilities(),
     "dtypes": ("float16", "bfloat16"),
@@ -95,11 +104,11 @@ _DOMAIN = {
     "layouts": ("contiguous",),
     "masks": (),
     "extensions": (),
-    "gqa": False,
+    "gqa": True,
     "devices": ("cuda",),
     "not_run": {},
 }
 attention.capabilities = {**_DOMAIN, "deterministic_backward": False}
 attention_ordered.capabilities = {
     **_DOMAIN, "deterministic_backward": True,
-    "supports": lambda case: "the ordered adds are non-causal" if case.is_causal else None}
+    "supports": _ordered_supports}
