@@ -1,9 +1,10 @@
 """scripts/gpu/gluon_bwd.py, the five-product Gluon backward prototype, compiled for sm_90a
 without a GPU (scripts/ptxas_report.py's stand-in driver, in a subprocess without the
-interpreter): the head-dim-split form and its ordered form fit the multiprocessor (shared
-memory, the partitions' register budgets) and add dQ by bulk tensor reduce-adds, so that
-what the H200 timed (docs/benchmarks/sweep.md round 18) still compiles as it was. Needs a
-Triton whose Gluon has the bulk reduce-add (3.9); skipped elsewhere.
+interpreter): the head-dim-split forms (the consumers adding dQ, or a writer warp; as the
+adds come, or in order; GQA's group loop) fit the multiprocessor (shared memory, the
+partitions' register budgets) and add dQ by bulk tensor reduce-adds: the form
+docs/benchmarks/sweep.md round 18 timed and those written after it stay compilable. Needs
+a Triton whose Gluon has the bulk reduce-add (3.9); skipped elsewhere.
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ if not g.BULK:
     print(json.dumps("no-bulk")); sys.exit(0)
 t = torch.empty(2, 2, 1024, 128, dtype=torch.bfloat16)
 r = torch.empty(2, 2, 1024)
-for ordered in (False, True):
-    comp.tag = f"split ordered={ordered}"
-    g.dkdv(t, t, t, t, r, r, False, torch.empty(2, 2, 1024, 128), ordered=ordered, bulk=True,
-           split=True)
+for writer in (False, True):
+    for ordered in (False, True):
+        comp.tag = f"{'writer' if writer else 'split'} ordered={ordered}"
+        g.dkdv(t, t, t, t, r, r, False, torch.empty(2, 2, 1024, 128), ordered=ordered,
+               bulk=True, split=True, writer=writer)
 comp.tag = "split gqa"  # one kv head for both query heads: the group loop (same kernel)
 kv = torch.empty(2, 1, 1024, 128, dtype=torch.bfloat16)
 g.dkdv(t, kv, kv, t, r, r, False, torch.empty(2, 2, 1024, 128), bulk=True, split=True)
@@ -64,17 +66,18 @@ def test_split_forms_compile_for_sm90_with_bulk_reduce_adds(tmp_path):
     # GQA is a runtime group size (Triton specialises a group of 1: a compile of its own);
     # the ordered form refuses it by name
     assert [r["launch"] for r in recs] == ["split ordered=False", "split ordered=True",
+                                           "writer ordered=False", "writer ordered=True",
                                            "split gqa"]
     assert "ordered dQ adds are for MHA" in res.stderr
     for r in recs:
         assert r["kernel"] == "_dkdv_kernel" and r["registers"] == 168, r
         assert r["shared_bytes"] <= 227 * 1024, r
     texts = [p.read_text() for p in sorted(tmp_path.glob("*.ptx"))]
-    assert len(texts) == 3
+    assert len(texts) == 5
     for text in texts:
         assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", text)
         assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", text)
         # each warpgroup's dQ half goes out as one bulk tensor reduce-add per tile
         assert "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add" in text
-    # only the ordered form waits for its turn, with acquire semantics
-    assert sum("acquire" in text for text in texts) == 1
+    # only the ordered forms wait for their turn, with acquire semantics
+    assert sum("acquire" in text for text in texts) == 2

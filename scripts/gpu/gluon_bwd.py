@@ -74,7 +74,7 @@ def _loads(args):
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, k_smem, v_smem,
      q_smem, do_smem, kv_bars, q_ready, q_empty, row0, start_n, m_lo, n_qtiles,
      qk_scale, sm_scale, dq_ptr, ds_smem, sem_ptr, n_ctx, rot, dq_smem, ds_ready, q_row0,
-     n_group) = args
+     n_group, dq_full, dq_free) = args
     BN: gl.constexpr = k_smem.type.shape[0] // 2
     BM: gl.constexpr = q_smem.type.shape[1]
     NS: gl.constexpr = q_smem.type.shape[0]
@@ -96,6 +96,46 @@ def _loads(args):
 
 
 @gluon.jit
+def _writer(args, ORDERED: gl.constexpr):
+    """DQ 8, 9: a warp of its own adds the consumers' staged dQ halves (tile by tile, half 0
+    then 1), in order for 9 (as DQ 7 does), and frees each slot once the add has read it."""
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, k_smem, v_smem,
+     q_smem, do_smem, kv_bars, q_ready, q_empty, row0, start_n, m_lo, n_qtiles,
+     qk_scale, sm_scale, dq_ptr, ds_smem, sem_ptr, n_ctx, rot, dq_smem, ds_ready, q_row0,
+     n_group, dq_full, dq_free) = args
+    BM: gl.constexpr = dq_smem.type.shape[1]
+    HH: gl.constexpr = dq_smem.type.shape[2]
+    for j in range(n_group * n_qtiles):
+        i = j % n_qtiles
+        qb = q_row0 + (j // n_qtiles) * n_ctx
+        m0 = (m_lo + i * BM + rot) % n_ctx
+        for c in gl.static_range(2):
+            w = c * 2 + j % 2
+            mbarrier.wait(dq_full.index(w), (j // 2) & 1)
+            if ORDERED:
+                sem = sem_ptr + ((qb + m0) // BM) * 2 + c
+                while gl.atomic_add(sem, 0, sem="acquire") != i // 2:
+                    pass
+                _tma_reduce(dq_ptr, [qb + m0, c * HH], dq_smem.index(w))
+                tma.store_wait(pendings=0, read_only=False)
+                gl.atomic_add(sem, 1, sem="release")
+            else:
+                _tma_reduce(dq_ptr, [qb + m0, c * HH], dq_smem.index(w))
+                tma.store_wait(pendings=0)
+            mbarrier.arrive(dq_free.index(w), count=1)
+
+
+@gluon.jit
+def _writer_free(args):
+    _writer(args, False)
+
+
+@gluon.jit
+def _writer_ordered(args):
+    _writer(args, True)
+
+
+@gluon.jit
 def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr, DQ: gl.constexpr):
     """Consumer warpgroup ``C``: keys start_n + C·BN onward (see the module docstring).
     Under causal, query tiles wholly above its keys are waited for and released, not
@@ -108,11 +148,13 @@ def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr, DQ: gl.constexpr):
     diagnostic (the tile staged, not added), 6 the head dim split between the warpgroups:
     both write their dSᵀ rows into one buffer (``ds_ready`` counts the two), and each
     multiplies all 128 keys' dS by its half of K's columns, so that every dQ element is
-    added once per program, not once per warpgroup; 7 the same in order."""
+    added once per program, not once per warpgroup; 7 the same in order; 8 and 9 as 6 and 7
+    with the adds (and, for 9, the waits for a turn) moved to a warp of its own
+    (:func:`_writer`), each warpgroup staging its dQ half in a two-slot ring."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, k_smem, v_smem,
      q_smem, do_smem, kv_bars, q_ready, q_empty, row0, start_n, m_lo, n_qtiles,
      qk_scale, sm_scale, dq_ptr, ds_smem, sem_ptr, n_ctx, rot, dq_smem, ds_ready, q_row0,
-     n_group) = args
+     n_group, dq_full, dq_free) = args
     BN: gl.constexpr = k_smem.type.shape[0] // 2
     HD: gl.constexpr = k_smem.type.shape[1]
     BM: gl.constexpr = q_smem.type.shape[1]
@@ -181,10 +223,19 @@ def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr, DQ: gl.constexpr):
                 dq = warpgroup_mma(dsf.permute((1, 0)), k_half, dq_zero, use_acc=False,
                                    is_async=True)
                 dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))
-                dqs = dq_smem.index(C)
-                tma.store_wait(pendings=0)
-                dqs.store(dq)
-                fence_async_shared()
+                if DQ >= 8:
+                    # staged in this warpgroup's slot of a two-slot ring; the writer warp
+                    # adds it (in order for 9) and hands the slot back
+                    w = C * 2 + j % 2
+                    mbarrier.wait(dq_free.index(w), ((j // 2) & 1) ^ 1)
+                    dq_smem.index(w).store(dq)
+                    fence_async_shared()
+                    mbarrier.arrive(dq_full.index(w), count=1)
+                else:
+                    dqs = dq_smem.index(C)
+                    tma.store_wait(pendings=0)
+                    dqs.store(dq)
+                    fence_async_shared()
                 if DQ == 7:
                     # in order: one counter per (query tile, head-dim half); the programs
                     # visit the tiles rotated by their first key, so a tile's adders come
@@ -196,7 +247,7 @@ def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr, DQ: gl.constexpr):
                     tma.store_wait(pendings=0, read_only=False)
                     _barrier()
                     gl.atomic_add(sem, 1, sem="release")
-                else:
+                elif DQ == 6:
                     _tma_reduce(dq_ptr, [qb + m0, C * HH], dqs)
             elif DQ:
                 dss.store(dst)
@@ -335,6 +386,36 @@ def _consume1_causal_split(args):
 
 
 @gluon.jit
+def _consume0_writer(args):
+    _consume(args, 0, False, 8)
+
+
+@gluon.jit
+def _consume1_writer(args):
+    _consume(args, 1, False, 8)
+
+
+@gluon.jit
+def _consume0_causal_writer(args):
+    _consume(args, 0, True, 8)
+
+
+@gluon.jit
+def _consume1_causal_writer(args):
+    _consume(args, 1, True, 8)
+
+
+@gluon.jit
+def _consume0_writer_ordered(args):
+    _consume(args, 0, False, 9)
+
+
+@gluon.jit
+def _consume1_writer_ordered(args):
+    _consume(args, 1, False, 9)
+
+
+@gluon.jit
 def _consume0_split_ordered(args):
     _consume(args, 0, False, 7)
 
@@ -404,10 +485,21 @@ def _dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, del
     ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128,
                                                    element_bitwidth=dtype.primitive_bitwidth,
                                                    rank=2)
+    dq_full = q_ready  # DQ 8, 9 only (the writer's ring)
+    dq_free = q_ready
     if DQ >= 6:
         ds_smem = gl.allocate_shared_memory(dtype, [2, 2 * BLOCK_N, BLOCK_M], ds_layout)
-        dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_D // 2],
-                                            dq_ptr.layout)
+        if DQ >= 8:
+            dq_smem = gl.allocate_shared_memory(gl.float32, [4, BLOCK_M, HEAD_D // 2],
+                                                dq_ptr.layout)
+            dq_full = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+            dq_free = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+            for w in gl.static_range(4):
+                mbarrier.init(dq_full.index(w), count=1)
+                mbarrier.init(dq_free.index(w), count=1)
+        else:
+            dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_D // 2],
+                                                dq_ptr.layout)
         ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for c in gl.static_range(2):
             mbarrier.init(ds_ready.index(c), count=2)
@@ -428,10 +520,23 @@ def _dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, del
     args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, delta_ptr, k_smem,
             v_smem, q_smem, do_smem, kv_bars, q_ready, q_empty, row0, start_n, m_lo,
             n_qtiles, qk_scale, sm_scale, dq_ptr, ds_smem, sem_ptr, N_CTX,
-            start_n if DQ == 2 or DQ == 4 or DQ == 7 else 0, dq_smem, ds_ready, q_row0,
-            GROUP)
+            start_n if DQ == 2 or DQ == 4 or DQ == 7 or DQ == 9 else 0, dq_smem, ds_ready,
+            q_row0, GROUP, dq_full, dq_free)
     # DQ 5: as 3 without the reduce-add (dQ is not computed): where 3's time goes
-    if DQ == 7:
+    if DQ == 9:
+        gl.warp_specialize([(_consume0_writer_ordered, (args, )),
+                            (_consume1_writer_ordered, (args, )), (_loads, (args, )),
+                            (_writer_ordered, (args, ))], [4, 1, 1], [240, 24, 24])
+    elif DQ == 8:
+        if CAUSAL:
+            gl.warp_specialize([(_consume0_causal_writer, (args, )),
+                                (_consume1_causal_writer, (args, )), (_loads, (args, )),
+                                (_writer_free, (args, ))], [4, 1, 1], [240, 24, 24])
+        else:
+            gl.warp_specialize([(_consume0_writer, (args, )), (_consume1_writer, (args, )),
+                                (_loads, (args, )), (_writer_free, (args, ))],
+                               [4, 1, 1], [240, 24, 24])
+    elif DQ == 7:
         gl.warp_specialize([(_consume0_split_ordered, (args, )),
                             (_consume1_split_ordered, (args, )), (_loads, (args, ))],
                            [4, 1], [240, 24])
@@ -478,7 +583,7 @@ def _dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_ptr, del
 
 
 def dkdv(q, k, v, do, lse, delta, causal: bool, dq_acc=None, ordered=False, bulk=False,
-         staged_only=False, split=False, scale=None):
+         staged_only=False, split=False, scale=None, writer=False):
     """dK, dV of softmax(Q Kᵀ / √D) V for ``do``, from the forward's base-2 ``lse`` and
     delta = rowsum(dO ∘ O) (both fp32, (B, H, N)); K and V may have fewer heads (GQA:
     query head h reads kv head h // (H / Hkv)). ``dq_acc`` (fp32, q's shape, zeroed):
@@ -516,7 +621,9 @@ def dkdv(q, k, v, do, lse, delta, causal: bool, dq_acc=None, ordered=False, bulk
     if split:  # dQ's head-dim halves, one per warpgroup, over both warpgroups' keys
         if not bulk or staged_only:
             raise ValueError("gluon_bwd: split is bulk")
-        mode = 7 if ordered else 6
+        mode = (9 if ordered else 8) if writer else (7 if ordered else 6)
+    elif writer:
+        raise ValueError("gluon_bwd: writer is a split form")
     if bulk:
         cols = D // 2 if split else D
         dq_acc = TensorDescriptor.from_tensor(
@@ -542,8 +649,8 @@ def _compile_only(ptx_dir: Path | None) -> int:
         for causal in (False, True):
             kinds = ["none", "atomic"] + ([] if causal else ["ordered"])
             if BULK:
-                kinds += ["bulk", "split"] + ([] if causal else ["bulk_ordered", "staged",
-                                                                  "split_ordered"])
+                kinds += ["bulk", "split", "writer"] + ([] if causal else [
+                    "bulk_ordered", "staged", "split_ordered", "writer_ordered"])
             for with_dq in kinds:
                 comp.tag = f"D={D} causal={causal} dq={with_dq}"
                 t = torch.empty(16, 16, 4096, D, dtype=torch.bfloat16)
@@ -551,8 +658,9 @@ def _compile_only(ptx_dir: Path | None) -> int:
                 acc = torch.empty(16, 16, 4096, D) if with_dq != "none" else None
                 try:
                     dkdv(t, t, t, t, r, r, causal, acc, with_dq.endswith("ordered"),
-                         with_dq.startswith(("bulk", "split")) or with_dq == "staged",
-                         with_dq == "staged", with_dq.startswith("split"))
+                         with_dq.startswith(("bulk", "split", "writer")) or with_dq == "staged",
+                         with_dq == "staged", with_dq.startswith(("split", "writer")),
+                         writer=with_dq.startswith("writer"))
                 except Exception as e:  # noqa: BLE001 - reported per variant
                     print(comp.tag, "error:", type(e).__name__, str(e)[:800])
     for r in comp.records:
@@ -615,7 +723,8 @@ def _on_gpu(out: Path, ordered: bool, dims: tuple[int, ...], variants: set) -> i
 
             fives = {"atomic": {}}
             if BULK:
-                fives.update(bulk=dict(bulk=True), split=dict(bulk=True, split=True))
+                fives.update(bulk=dict(bulk=True), split=dict(bulk=True, split=True),
+                             writer=dict(bulk=True, split=True, writer=True))
             for name, kw in fives.items():
                 if name in variants:
                     _five_row(row, f"gluon_five_{name}", partial(five, **kw), bench, ref_dq,
@@ -659,16 +768,17 @@ def _five_row(row, name, five, bench, ref_dq, ref_dk, ref_dv):
 def _ordered_row(row, bench, q, k, v, do, lse, delta, D, ref_dq, ref_dk, ref_dv):
     """The five-product kernel with dQ's adds in a fixed order (per-element adds, and with
     triton 3.9 bulk reduce-adds)."""
-    for name, bulk, split in (("gluon_five_ordered", False, False),
-                              ("gluon_five_bulk_ordered", True, False),
-                              ("gluon_five_split_ordered", True, True)):
+    for name, bulk, split, writer in (("gluon_five_ordered", False, False, False),
+                                      ("gluon_five_bulk_ordered", True, False, False),
+                                      ("gluon_five_split_ordered", True, True, False),
+                                      ("gluon_five_writer_ordered", True, True, True)):
         if bulk and not BULK:
             continue
 
-        def five(bulk=bulk, split=split):
+        def five(bulk=bulk, split=split, writer=writer):
             acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
             dk, dv = dkdv(q, k, v, do, lse, delta, False, acc, ordered=True, bulk=bulk,
-                          split=split)
+                          split=split, writer=writer)
             return (acc * D ** -0.5).to(q.dtype), dk, dv
 
         _five_row(row, name, five, bench, ref_dq, ref_dk, ref_dv)
@@ -680,9 +790,9 @@ def main(argv=None) -> int:
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--ptx-dir", type=Path, default=None)
     ap.add_argument("--d", default="128,64", help="head dims on the GPU, e.g. 128")
-    ap.add_argument("--variants", default="dkdv,atomic,bulk,split,staged",
-                    help="which kernels to time beside ours and cuDNN (bulk, split, staged: "
-                         "triton 3.9)")
+    ap.add_argument("--variants", default="dkdv,atomic,bulk,split,writer,staged",
+                    help="which kernels to time beside ours and cuDNN (bulk, split, writer, "
+                         "staged: triton 3.9)")
     ap.add_argument("--ordered", action="store_true",
                     help="only the five-product kernel with ordered dQ adds (non-causal)")
     args = ap.parse_args(argv)

@@ -14,13 +14,15 @@ is the prototype's: float16/bfloat16, head dim 64 or 128, Nq = Nk a multiple of 
 most 2048, so that the float64 oracles stay quick), contiguous (B, H, N, D), no mask, no
 window, GQA (dK/dV in one fp32 accumulator over the group; not in the ordered form), causal
 (top-left) or not, any scale.
-Importing it under a triton without Gluon's bulk reduce-add (3.6) raises ImportError with
-what to do.
+``GLUON_BWD_FORM=writer`` takes the form whose adds (and turns) come from a warp of their
+own. Importing it under a triton without Gluon's bulk reduce-add (3.6) raises ImportError
+with what to do.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -33,6 +35,11 @@ _spec = importlib.util.spec_from_file_location(
 gluon_bwd = importlib.util.module_from_spec(_spec)
 sys.modules.setdefault("gluon_bwd", gluon_bwd)
 _spec.loader.exec_module(gluon_bwd)
+# GLUON_BWD_FORM=writer: the adds (and the ordered form's turns) from a warp of their own
+_FORM = os.environ.get("GLUON_BWD_FORM", "split")
+if _FORM not in ("split", "writer"):
+    raise ValueError(f"GLUON_BWD_FORM must be 'split' or 'writer', got {_FORM!r}")
+WRITER = _FORM == "writer"
 if not gluon_bwd.BULK:
     raise ImportError("scripts/gpu/gluon_bwd_domain.py needs triton 3.9's Gluon "
                       "(tma.async_atomic_add); on the H200: . scripts/gpu/triton_slim.sh use")
@@ -57,7 +64,8 @@ class _Attention(torch.autograd.Function):
         delta = (out.float() * do.float()).sum(-1)
         acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
         dk, dv = gluon_bwd.dkdv(q, k, v, do, lse, delta, p.is_causal, acc,
-                                ordered=ctx.ordered, bulk=True, split=True, scale=p.scale)
+                                ordered=ctx.ordered, bulk=True, split=True, scale=p.scale,
+                                writer=WRITER)
         return (acc * p.scale).to(q.dtype), dk, dv, None, None
 
 

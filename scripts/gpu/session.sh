@@ -79,7 +79,8 @@
 #                                         (BWD39_D, default "128,64"), then its --ordered forms,
 #                                         then BWD39_MIN minutes (default 3) of `flashcheck fuzz`
 #                                         on gluon_bwd_domain.py's :attention and
-#                                         :attention_ordered side by side; longer than one
+#                                         :attention_ordered, each in its split and writer form
+#                                         (GLUON_BWD_FORM), side by side; longer than one
 #                                         call: `detach bwd39`, then `collect`
 # Several phases may share one call (session.sh throughput peers); they run in this file's order.
 set -uo pipefail
@@ -134,9 +135,12 @@ if has bwd39; then
     --out "$R/bwd39_ordered.json" > "$R/bwd39_ordered.log" 2>&1
   el "bwd39 ordered exit=$?"
   for entry in attention attention_ordered; do
-    job "bwd39-fuzz-$entry" $(( ${BWD39_MIN:-3} * 60 + 150 )) python3 -m flashcheck fuzz \
-      --kernel "scripts/gpu/gluon_bwd_domain.py:$entry" --device cuda --minutes "${BWD39_MIN:-3}" \
-      --keep-going --seed "${FUZZ_SEED:-20261213}" --workers 4 --out "$R/bwd39-fuzz-$entry"
+    for form in split writer; do
+      job "bwd39-fuzz-$entry-$form" $(( ${BWD39_MIN:-3} * 60 + 150 )) env GLUON_BWD_FORM=$form \
+        python3 -m flashcheck fuzz --kernel "scripts/gpu/gluon_bwd_domain.py:$entry" \
+        --device cuda --minutes "${BWD39_MIN:-3}" --keep-going --seed "${FUZZ_SEED:-20261213}" \
+        --workers 3 --out "$R/bwd39-fuzz-$entry-$form"
+    done
   done
   wait
   el "bwd39 fuzz done"
