@@ -296,6 +296,12 @@ def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr, DQ: gl.constexpr):
             else:
                 dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
         mbarrier.arrive(q_empty.index(slot), count=1)
+    if DQ >= 6:
+        # the other warpgroup's dQ products read this one's K rows (k_half): one more turn
+        # of ds_ready, so that neither overwrites its K rows below while the other reads them
+        jn = n_group * n_qtiles
+        mbarrier.arrive(ds_ready.index(jn % 2), count=1)
+        mbarrier.wait(ds_ready.index(jn % 2), (jn // 2) & 1)
     # dK's scale once at the end, as our Triton kernel does; out through K's / V's buffers
     ks.store((dk * sm_scale).to(dtype))
     vs.store(dv.to(dtype))
