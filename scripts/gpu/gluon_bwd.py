@@ -790,6 +790,49 @@ def _ordered_row(row, bench, q, k, v, do, lse, delta, D, ref_dq, ref_dk, ref_dv)
         _five_row(row, name, five, bench, ref_dq, ref_dk, ref_dv)
 
 
+def _check_small() -> int:
+    """Every five-product form once at a small shape (B 1, H 2/1, N 256, D 128, bf16), against
+    our backward, no timing: for compute-sanitizer (racecheck, memcheck, synccheck)."""
+    from flashcheck.kernels import _common
+    from flashcheck.kernels import flash_attention as fa
+    forms = {"atomic": {}}
+    if BULK:
+        forms.update(bulk=dict(bulk=True), split=dict(bulk=True, split=True),
+                     writer=dict(bulk=True, split=True, writer=True))
+    bad = 0
+    for hkv in (2, 1):
+        for causal in (False, True):
+            g = torch.Generator(device="cuda").manual_seed(0)
+            q, do = (torch.randn(1, 2, 256, 128, device="cuda", dtype=torch.bfloat16,
+                                 generator=g) for _ in range(2))
+            k, v = (torch.randn(1, hkv, 256, 128, device="cuda", dtype=torch.bfloat16,
+                                generator=g) for _ in range(2))
+            p = _common.validate(q, k, v, None, 0.0, causal, None, hkv != 2, None, "top_left")
+            o, lse = fa._forward(q, k, v, p, False)
+            delta = (o.float() * do.float()).sum(-1)
+            ref = fa._backward(do, q, k, v, o, lse, p, True, False)
+            for name, kw in forms.items():
+                for ordered in (False, True):
+                    if ordered and (causal or hkv != 2 or name == "atomic"):
+                        continue
+                    if hkv != 2 and name in ("atomic", "bulk"):
+                        continue  # the per-warpgroup forms: MHA is what they were timed on
+                    acc = torch.zeros(q.shape, device="cuda", dtype=torch.float32)
+                    dk, dv = dkdv(q, k, v, do, lse, delta, causal, acc, ordered=ordered, **kw)
+                    got = ((acc * 128 ** -0.5).to(q.dtype), dk, dv)
+                    # 4 bf16 ulps (2^-8 relative) of each tensor's largest magnitude: the
+                    # two kernels differ in fp32 summation order and in which bf16 rounding
+                    # of P and dS meets which product, not in the formula
+                    ratio = max(float((a.float() - b.float()).abs().max())
+                                / (4 * 2.0 ** -8 * float(b.float().abs().max()))
+                                for a, b in zip(got, ref, strict=True))
+                    ok = ratio <= 1
+                    bad += not ok
+                    print(f"{'ok ' if ok else 'BAD'} {name} ordered={ordered} causal={causal} "
+                          f"hkv={hkv}: max |diff| / 4 ulps {ratio:.3g}", flush=True)
+    return 1 if bad else 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, help="JSON of the GPU run")
@@ -799,11 +842,15 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="dkdv,atomic,bulk,split,writer,staged",
                     help="which kernels to time beside ours and cuDNN (bulk, split, writer, "
                          "staged: triton 3.9)")
+    ap.add_argument("--check-small", action="store_true",
+                    help="every form once at a small shape against ours (for compute-sanitizer)")
     ap.add_argument("--ordered", action="store_true",
                     help="only the five-product kernel with ordered dQ adds (non-causal)")
     args = ap.parse_args(argv)
     if args.compile_only:
         return _compile_only(args.ptx_dir)
+    if args.check_small:
+        return _check_small()
     if args.out is None:
         ap.error("--out is required on a GPU")
     return _on_gpu(args.out, args.ordered, tuple(int(x) for x in args.d.split(",")),

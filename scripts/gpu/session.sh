@@ -77,6 +77,7 @@
 #                                         .triton: `bash scripts/gpu/triton_slim.sh pack 3.9.0`
 #                                         here): scripts/gpu/gluon_bwd.py timed and checked
 #                                         (BWD39_D, default "128,64"), then its --ordered forms,
+#                                         racecheck and memcheck on every form (--check-small),
 #                                         then BWD39_MIN minutes (default 3) of `flashcheck fuzz`
 #                                         on gluon_bwd_domain.py's :attention and
 #                                         :attention_ordered, each in its split and writer form
@@ -134,6 +135,10 @@ if has bwd39; then
   timeout -s TERM 150 python3 scripts/gpu/gluon_bwd.py --d "${BWD39_D:-128,64}" --ordered \
     --out "$R/bwd39_ordered.json" > "$R/bwd39_ordered.log" 2>&1
   el "bwd39 ordered exit=$?"
+  for tool in racecheck memcheck; do
+    job "bwd39-$tool" 300 compute-sanitizer --tool $tool --print-limit 20 \
+      python3 scripts/gpu/gluon_bwd.py --check-small
+  done
   for entry in attention attention_ordered; do
     for form in split writer; do
       job "bwd39-fuzz-$entry-$form" $(( ${BWD39_MIN:-3} * 60 + 150 )) env GLUON_BWD_FORM=$form \
