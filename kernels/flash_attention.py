@@ -1213,8 +1213,9 @@ def attention_ext(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
     """:func:`attention` plus two knobs that are not part of the SDPA signature.
 
     - ``deterministic=False``: dQ is accumulated with fp32 atomics inside the dK/dV kernel
-      (one kernel fewer, faster; the summation order, hence the bits of dQ, may change from
-      run to run).
+      (one kernel fewer, but on the H200 slower than the default at every benchmarked shape:
+      docs/kernel.md; the summation order, hence the bits of dQ, may change from run to
+      run).
     - ``allow_tf32=True``: fp32 inputs use TF32 dot products (roundoff 2^-11 instead of
       2^-24); ignored for fp16/bf16.
     """
