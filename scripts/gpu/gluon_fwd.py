@@ -36,12 +36,12 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import sys
 from functools import partial
 from pathlib import Path
 
 import torch
+from flashcheck.kernels._common import LOG2E
 from flashcheck.kernels.flash_attention_gluon import _softmax  # the package's softmax step
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -212,7 +212,7 @@ def forward(q, k, v, causal: bool, block_m=128, block_n=64, stages=2, num_warps=
 
     _attn_fwd[(N // block_m, B * H)](
         desc(q, block_m), desc(k, block_n), desc(v, block_n), desc(o, block_m), lse,
-        D ** -0.5 * math.log2(math.e), N, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D,
+        D ** -0.5 * LOG2E, N, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D,
         STAGES=stages, CAUSAL=causal, num_warps=num_warps)
     return o, lse
 
