@@ -453,6 +453,34 @@ def gluon_forward(head_dim: int, n_keys: int) -> bool:
     return n_keys >= GLUON_FWD_MIN_KEYS.get(head_dim, math.inf)
 
 
+GLUON_BWD_MODES = ("off", "split", "writer")
+_gluon_bwd_mode = [os.environ.get("FLASHCHECK_GLUON_BWD", "off")]
+if _gluon_bwd_mode[0] not in GLUON_BWD_MODES:
+    raise ValueError(f"FLASHCHECK_GLUON_BWD must be one of {GLUON_BWD_MODES}, "
+                     f"got {_gluon_bwd_mode[0]!r}")
+
+
+def set_gluon_bwd(mode: str) -> None:
+    """Select the backward's Gluon form (kernels/flash_attention_gluon_bwd.py) where it
+    applies (:data:`GLUON_BWD_MODES`): "off", the default (the Triton kernels always), or
+    "split" / "writer" (``deterministic=False`` calls take that form, deterministic ones its
+    ordered variant); the environment variable ``FLASHCHECK_GLUON_BWD`` sets it at import."""
+    if mode not in GLUON_BWD_MODES:
+        raise ValueError(f"Gluon backward mode must be one of {GLUON_BWD_MODES}, got {mode!r}")
+    _gluon_bwd_mode[0] = mode
+
+
+def gluon_bwd(mode: str):
+    """Context manager: run the block with Gluon backward ``mode``, then restore the previous
+    one."""
+    return _switched(_gluon_bwd_mode, set_gluon_bwd, mode)
+
+
+def get_gluon_bwd() -> str:
+    """The current Gluon backward mode (see :func:`set_gluon_bwd`)."""
+    return _gluon_bwd_mode[0]
+
+
 def use_row_tma(kind: str, elem: int, block_d: int, band: bool = False) -> bool:
     """Whether a launch that reads its tiles through descriptors (the caller has decided
     that with :func:`use_tma` and the layout) reads the per-row lse and delta through

@@ -46,7 +46,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
-from flashcheck.kernels import _common, flash_attention_gluon
+from flashcheck.kernels import _common, flash_attention_gluon, flash_attention_gluon_bwd
 from flashcheck.kernels._common import (
     BF16_INTERPRETER_REASON,
     DTYPE_NAMES,
@@ -1096,10 +1096,23 @@ def _forward(q, k, v, p: Problem, allow_tf32: bool, stats: list | None = None):
 
 def _backward(do, q, k, v, out, lse, p: Problem, deterministic: bool, allow_tf32: bool,
               stats: list | None = None):
-    """FA2 backward: delta preprocess, dK/dV per K tile, dQ per Q tile (or atomic dQ)."""
+    """FA2 backward: delta preprocess, dK/dV per K tile, dQ per Q tile (or atomic dQ); the
+    calls ``flash_attention_gluon_bwd.eligible`` accepts (opt-in, sm_90) take the
+    preprocess, then its five-product kernel."""
     dev = q.device
     Dp = block_d(p.D)
     delta = torch.empty((p.B, p.Hq, p.Nq), dtype=torch.float32, device=dev)
+    pre_block = 16 if INTERPRET else 64
+
+    def preprocess(aligned: bool) -> None:  # delta_i = rowsum(dO_i * O_i)
+        _bwd_preprocess[(triton.cdiv(p.Nq, pre_block), p.B * p.Hq)](
+            out, do, delta, *out.stride(), *do.stride(), p.Hq, p.Nq, p.D,
+            BLOCK_M=pre_block, BLOCK_D=Dp, ALIGNED=aligned)
+
+    if stats is None and flash_attention_gluon_bwd.eligible(p, q, k, v, do, deterministic):
+        with device_ctx(q):
+            preprocess(_aligned(out, do))
+        return flash_attention_gluon_bwd.backward(do, q, k, v, lse, delta, p, deterministic)
     dk = torch.empty((p.B, p.Hkv, p.Nk, p.D), dtype=q.dtype, device=dev)
     dv = torch.empty_like(dk)
     if deterministic:
@@ -1116,11 +1129,8 @@ def _backward(do, q, k, v, out, lse, p: Problem, deterministic: bool, allow_tf32
     # allow (_common.use_reduce).
     atomic = 0 if deterministic else (
         2 if _common.use_reduce(dev) and _tma_layout_ok(dq_acc) else 1)
-    pre_block = 16 if INTERPRET else 64
     with device_ctx(q):
-        _bwd_preprocess[(triton.cdiv(p.Nq, pre_block), p.B * p.Hq)](
-            out, do, delta, *out.stride(), *do.stride(), p.Hq, p.Nq, p.D,
-            BLOCK_M=pre_block, BLOCK_D=Dp, ALIGNED=consts["ALIGNED"])
+        preprocess(consts["ALIGNED"])
         buf_kv = _stats_buffer(count, triton.cdiv(p.Nk, 16) * p.B * p.Hkv, dev)
         _launch("dkdv", lambda m: (triton.cdiv(p.Nk, m["BLOCK_N"]), p.B * p.Hkv),
                 (q, k, v, mask, do, lse, delta, dk, dv, dq_acc, buf_kv if count else lse),

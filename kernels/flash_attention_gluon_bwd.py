@@ -1,0 +1,389 @@
+"""The five-product backward for Hopper in Gluon: dK, dV and dQ in one kernel.
+
+The Triton backward (``flash_attention._backward``) is deterministic by construction: one
+kernel accumulates dK/dV per key tile and another dQ per query tile, so the scores and dP
+are computed twice (seven products per tile pair). This kernel computes them once (five
+products) and adds each program's share of dQ into an fp32 accumulator by bulk tensor
+reduce-adds (``cp.reduce.async.bulk``, Gluon's ``tma.async_atomic_add``). Per program, 128
+keys of one batch and kv head:
+
+- a producer warp (``_loads``) loads K and V once, then streams Q and dO tiles of 64 query
+  rows through two-slot rings (``ready``/``empty`` mbarriers; a slot is refilled when both
+  consumers have released it); under GQA it streams every query head of the group in turn;
+- two consumer warpgroups (``_consume``, 64 keys each) run per query tile i: issue
+  Sᵀ = K Q(i)ᵀ and dPᵀ = V dO(i)ᵀ; wait for Sᵀ (dPᵀ still in flight), Pᵀ = exp2(Sᵀ·c −
+  lse(i)); issue dV += Pᵀ dO(i); wait for dPᵀ, dSᵀ = Pᵀ ∘ (dPᵀ − δ(i)); issue dK += dSᵀ Q(i);
+  both write their dSᵀ rows into one 128-key buffer (an mbarrier counts the two writers; a
+  slot per tile parity) and each multiplies all 128 keys' dS by its half of K's columns,
+  so that each warpgroup's dQ tile is 64 × D/2 and every dQ element is added once per
+  program. dQ's tile, scaled, is staged in shared memory and added by one bulk reduce-add;
+- "writer" forms: the adds come from a warp of their own (``_writer``), fed by a two-slot
+  staging ring per warpgroup, so that the consumers never wait on them;
+- "ordered" forms (the deterministic class): the adds in a fixed order. The programs visit
+  the query tiles rotated by their first key, and a counter per (query tile, head-dim
+  half) gives each program its turn: the tile's previous adder is the next program, two
+  steps earlier. Bitwise repeatable, on the condition that every program of a batch and
+  head can be resident at once (the turns wait on the next program: :func:`eligible`
+  requires N/128 programs per head at most the multiprocessor count; one program fits per
+  multiprocessor).
+
+The arithmetic of the Triton backward: P and dS rounded to the input dtype before their
+products, fp32 accumulators, base-2 lse, dK scaled once at the end; dQ's tiles are scaled
+before their adds (the Triton dQ kernel scales its sum: one fp32 rounding apart). Delta =
+rowsum(dO ∘ O) is the Triton preprocess kernel's, computed by the caller.
+
+Where it runs (:func:`eligible`): CUDA sm_90, a Triton whose Gluon has the bulk reduce-add
+(3.9; not 3.6), float16/bfloat16, head dim 64 or 128, Nq = Nk a multiple of 128, Q, K, V and
+dO contiguous (B, H, N, D) at 16-byte aligned addresses, no mask, no band but the causal one
+(top-left), GQA included (dK/dV in one fp32 accumulator over the group); the ordered forms
+MHA and non-causal only. ``_common.set_gluon_bwd`` (``FLASHCHECK_GLUON_BWD``) chooses the
+form: "off" (the default until its H200 campaign has passed: docs/kernel.md), "split" or
+"writer": calls with ``deterministic=False`` take the form as its adds come, deterministic
+calls its ordered variant where that applies; everything else takes the Triton kernels.
+Not run by the CPU interpreter (Gluon has none); ``tests/test_flash_gluon_bwd.py``
+compiles every form for sm_90a without a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+from flashcheck.kernels import _common
+from flashcheck.kernels._common import INTERPRET, Problem
+
+try:  # pragma: no cover - depends on the installed Triton
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+    _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+    # Triton 3.6's Gluon has no bulk tensor reduce-add: this kernel needs 3.9's.
+    AVAILABLE = hasattr(gl, "warp_specialize") and hasattr(tma, "async_atomic_add")
+except ImportError:  # pragma: no cover
+    AVAILABLE = False
+
+BLOCK_N = 64  # keys per consumer warpgroup (two per program)
+BLOCK_M = 64  # query rows per streamed tile
+STAGES = 2  # Q/dO ring depth: 2 x 2 x 16 KiB at D = 128, beside K, V (64 KiB) and dS (32 KiB)
+# 12 warps (4 + 4 + 1 + the writer's 1, by warpgroup) share 65536 registers: 168 each as
+# launched (setmaxnreg's multiple of 8 below 170); the producer's (and writer's) warpgroup
+# drops to 24, the least setmaxnreg allows, and the consumers rise to 240, as in
+# flash_attention_gluon.
+MAXNREG = 168
+FORMS = ("split", "writer")
+LAUNCHES = [0]  # calls of backward() since import (tests and the GPU session read it)
+
+if AVAILABLE:
+    @gluon.jit
+    def _loads(args):
+        """The producer warp: each consumer's K and V once, then Q and dO tile by tile."""
+        (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, lse_ptr, delta_ptr,
+         sem_ptr, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bars, q_ready,
+         q_empty, ds_ready, dq_full, dq_free, row0, q_row0, start_n, m_lo, n_qtiles, n_ctx,
+         n_group, rot, qk_scale, sm_scale) = args
+        BN: gl.constexpr = k_smem.type.shape[0] // 2
+        BM: gl.constexpr = q_smem.type.shape[1]
+        NS: gl.constexpr = q_smem.type.shape[0]
+        for c in gl.static_range(2):
+            mbarrier.expect(kv_bars.index(c),
+                            k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+            rows = row0 + start_n + c * BN
+            _tma_load(k_desc, [rows, 0], kv_bars.index(c), k_smem.slice(c * BN, BN))
+            _tma_load(v_desc, [rows, 0], kv_bars.index(c), v_smem.slice(c * BN, BN))
+        for j in range(n_group * n_qtiles):  # the group's query heads in turn (GQA)
+            i = j % n_qtiles
+            slot = j % NS
+            # a fresh mbarrier counts as phase 1 complete: the first pass waits for nothing
+            mbarrier.wait(q_empty.index(slot), ((j // NS) & 1) ^ 1)
+            mbarrier.expect(q_ready.index(slot),
+                            q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+            m = q_row0 + (j // n_qtiles) * n_ctx + (m_lo + i * BM + rot) % n_ctx
+            _tma_load(q_desc, [m, 0], q_ready.index(slot), q_smem.index(slot))
+            _tma_load(do_desc, [m, 0], q_ready.index(slot), do_smem.index(slot))
+
+    @gluon.jit
+    def _add_dq(dq_desc, rows, col, staged, sem_ptr, i, ORDERED: gl.constexpr):
+        """One bulk reduce-add of a staged dQ half into the accumulator; ``ORDERED``: in
+        its turn on the (tile, half)'s counter (rank i // 2: a tile's adders come one per
+        program, every other step), released once the add has read and written."""
+        if ORDERED:
+            sem = sem_ptr + (rows // staged.type.shape[0]) * 2 + col // staged.type.shape[1]
+            while gl.atomic_add(sem, 0, sem="acquire") != i // 2:
+                pass
+            tma.async_atomic_add(dq_desc, [rows, col], staged)
+            tma.store_wait(pendings=0, read_only=False)
+            _barrier()
+            gl.atomic_add(sem, 1, sem="release")
+        else:
+            tma.async_atomic_add(dq_desc, [rows, col], staged)
+
+    @gluon.jit
+    def _writer(args, ORDERED: gl.constexpr):
+        """The writer forms' adding warp: the consumers' staged dQ halves tile by tile (half
+        0, then 1), each slot handed back once its add has read it."""
+        (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, lse_ptr, delta_ptr,
+         sem_ptr, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bars, q_ready,
+         q_empty, ds_ready, dq_full, dq_free, row0, q_row0, start_n, m_lo, n_qtiles, n_ctx,
+         n_group, rot, qk_scale, sm_scale) = args
+        BM: gl.constexpr = dq_smem.type.shape[1]
+        HH: gl.constexpr = dq_smem.type.shape[2]
+        for j in range(n_group * n_qtiles):
+            i = j % n_qtiles
+            m = q_row0 + (j // n_qtiles) * n_ctx + (m_lo + i * BM + rot) % n_ctx
+            for c in gl.static_range(2):
+                w = c * 2 + j % 2
+                mbarrier.wait(dq_full.index(w), (j // 2) & 1)
+                _add_dq(dq_desc, m, c * HH, dq_smem.index(w), sem_ptr, i, ORDERED)
+                tma.store_wait(pendings=0)
+                mbarrier.arrive(dq_free.index(w), count=1)
+
+    @gluon.jit
+    def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr, ORDERED: gl.constexpr,
+                 WRITER: gl.constexpr):
+        """Consumer warpgroup ``C``: keys start_n + C·BN onward, and dQ's head-dim half C
+        over both warpgroups' keys (see the module docstring). Under causal both take every
+        query tile from the program's first (dQ needs both halves); the masked rows
+        contribute zeros."""
+        (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, lse_ptr, delta_ptr,
+         sem_ptr, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bars, q_ready,
+         q_empty, ds_ready, dq_full, dq_free, row0, q_row0, start_n, m_lo, n_qtiles, n_ctx,
+         n_group, rot, qk_scale, sm_scale) = args
+        BN: gl.constexpr = k_smem.type.shape[0] // 2
+        HD: gl.constexpr = k_smem.type.shape[1]
+        HH: gl.constexpr = HD // 2
+        BM: gl.constexpr = q_smem.type.shape[1]
+        NS: gl.constexpr = q_smem.type.shape[0]
+        dtype: gl.constexpr = q_desc.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HD, 16])
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HH, 16])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout,
+                                                     k_width=2)
+        cols: gl.constexpr = gl.SliceLayout(0, s_layout)
+        my_n = start_n + C * BN
+        ks = k_smem.slice(C * BN, BN)
+        vs = v_smem.slice(C * BN, BN)
+        k_half = k_smem.slice(C * HH, HH, dim=1)  # both warpgroups' keys, this half of D
+        dk = gl.zeros([BN, HD], gl.float32, layout=acc_layout)
+        dv = gl.zeros([BN, HD], gl.float32, layout=acc_layout)
+        s_zero = gl.zeros([BN, BM], gl.float32, layout=s_layout)
+        dq_zero = gl.zeros([BM, HH], gl.float32, layout=dq_layout)
+        mbarrier.wait(kv_bars.index(C), 0)
+        for j in range(n_group * n_qtiles):  # the group's query heads in turn (GQA)
+            i = j % n_qtiles
+            qb = q_row0 + (j // n_qtiles) * n_ctx  # this query head's rows
+            slot = j % NS
+            m0 = (m_lo + i * BM + rot) % n_ctx
+            mbarrier.wait(q_ready.index(slot), (j // NS) & 1)
+            qs = q_smem.index(slot)
+            dos = do_smem.index(slot)
+            st = warpgroup_mma(ks, qs.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            dpt = warpgroup_mma(vs, dos.permute((1, 0)), s_zero, use_acc=False,
+                                is_async=True)
+            st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
+            offs_m = m0 + gl.arange(0, BM, layout=cols)
+            lse = gl.load(lse_ptr + qb + offs_m)
+            pt = gl.exp2(st * qk_scale - gl.expand_dims(lse, 0))
+            if CAUSAL:
+                keys = my_n + gl.arange(0, BN, layout=gl.SliceLayout(1, s_layout))
+                pt = gl.where(gl.expand_dims(offs_m, 0) >= gl.expand_dims(keys, 1), pt, 0.0)
+            dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), dos, dv,
+                               is_async=True)
+            dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
+            delta = gl.load(delta_ptr + qb + offs_m)
+            dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)
+            dk = warpgroup_mma(gl.convert_layout(dst, a_layout), qs, dk, is_async=True)
+            # both warpgroups' dSᵀ rows into one buffer (a slot per tile parity: the slot's
+            # previous readers finished their products before their last hand-over)
+            dsf = ds_smem.index(j % 2)
+            dsf.slice(C * BN, BN, dim=0).store(dst)
+            fence_async_shared()
+            mbarrier.arrive(ds_ready.index(j % 2), count=1)
+            mbarrier.wait(ds_ready.index(j % 2), (j // 2) & 1)
+            dq = warpgroup_mma(dsf.permute((1, 0)), k_half, dq_zero, use_acc=False,
+                               is_async=True)
+            dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))
+            dq = dq * sm_scale
+            if WRITER:
+                # staged in this warpgroup's slot of its two-slot ring; the writer adds it
+                w = C * 2 + j % 2
+                mbarrier.wait(dq_free.index(w), ((j // 2) & 1) ^ 1)
+                dq_smem.index(w).store(dq)
+                fence_async_shared()
+                mbarrier.arrive(dq_full.index(w), count=1)
+            else:
+                staged = dq_smem.index(C)
+                tma.store_wait(pendings=0)  # the previous tile's add has read the buffer
+                staged.store(dq)
+                fence_async_shared()
+                _add_dq(dq_desc, qb + m0, C * HH, staged, sem_ptr, i, ORDERED)
+            mbarrier.arrive(q_empty.index(slot), count=1)
+        # the other warpgroup's dQ products read this one's K rows (k_half): one more turn
+        # of ds_ready, so that neither overwrites its K rows below while the other reads them
+        jn = n_group * n_qtiles
+        mbarrier.arrive(ds_ready.index(jn % 2), count=1)
+        mbarrier.wait(ds_ready.index(jn % 2), (jn // 2) & 1)
+        # dK's scale once at the end, as the Triton kernel does; out through K's / V's buffers
+        ks.store((dk * sm_scale).to(dtype))
+        vs.store(dv.to(dtype))
+        fence_async_shared()
+        _tma_store(dk_desc, [row0 + my_n, 0], ks)
+        _tma_store(dv_desc, [row0 + my_n, 0], vs)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, lse_ptr,
+                    delta_ptr, sem_ptr, qk_scale, sm_scale, N_CTX, GROUP,
+                    BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr,
+                    STAGES: gl.constexpr, CAUSAL: gl.constexpr, ORDERED: gl.constexpr,
+                    WRITER: gl.constexpr):
+        """One program per (128 keys, batch x kv head); under GQA dK/dV accumulate over the
+        group's query heads in one fp32 accumulator."""
+        dtype: gl.constexpr = q_desc.dtype
+        pid_n = gl.program_id(0)
+        bh = gl.program_id(1)
+        row0 = bh * N_CTX  # K, V, dK, dV rows
+        q_row0 = bh * GROUP * N_CTX  # the group's first query head's rows
+        start_n = pid_n * (2 * BLOCK_N)
+        if CAUSAL:
+            m_lo = start_n  # query rows above the keys see none of them
+        else:
+            m_lo = 0
+        n_qtiles = (N_CTX - m_lo) // BLOCK_M
+        if ORDERED:
+            rot = start_n  # the programs visit the query tiles rotated by their first key
+        else:
+            rot = 0
+
+        k_smem = gl.allocate_shared_memory(dtype, [2 * BLOCK_N, HEAD_D], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [2 * BLOCK_N, HEAD_D], v_desc.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_D], q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_D], do_desc.layout)
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=128, element_bitwidth=dtype.primitive_bitwidth, rank=2)
+        ds_smem = gl.allocate_shared_memory(dtype, [2, 2 * BLOCK_N, BLOCK_M], ds_layout)
+        kv_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        if WRITER:  # a two-slot staging ring per warpgroup
+            dq_smem = gl.allocate_shared_memory(gl.float32, [4, BLOCK_M, HEAD_D // 2],
+                                                dq_desc.layout)
+            dq_full = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+            dq_free = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+            for w in gl.static_range(4):
+                mbarrier.init(dq_full.index(w), count=1)
+                mbarrier.init(dq_free.index(w), count=1)
+        else:  # one staging buffer per warpgroup
+            dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_D // 2],
+                                                dq_desc.layout)
+            dq_full = q_ready  # unused
+            dq_free = q_ready
+        for c in gl.static_range(2):
+            mbarrier.init(kv_bars.index(c), count=1)
+            mbarrier.init(ds_ready.index(c), count=2)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(q_ready.index(s), count=1)
+            mbarrier.init(q_empty.index(s), count=2)
+
+        args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, lse_ptr,
+                delta_ptr, sem_ptr, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
+                kv_bars, q_ready, q_empty, ds_ready, dq_full, dq_free, row0, q_row0,
+                start_n, m_lo, n_qtiles, N_CTX, GROUP, rot, qk_scale, sm_scale)
+        if WRITER:
+            gl.warp_specialize([(_consume, (args, 0, CAUSAL, ORDERED, WRITER)),
+                                (_consume, (args, 1, CAUSAL, ORDERED, WRITER)),
+                                (_loads, (args, )), (_writer, (args, ORDERED))],
+                               [4, 1, 1], [240, 24, 24])
+        else:
+            gl.warp_specialize([(_consume, (args, 0, CAUSAL, ORDERED, WRITER)),
+                                (_consume, (args, 1, CAUSAL, ORDERED, WRITER)),
+                                (_loads, (args, ))], [4, 1], [240, 24])
+
+
+def _sm90(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device) == (9, 0)
+
+
+def supported(p: Problem, dtype: torch.dtype, contiguous: bool, ordered: bool) -> bool:
+    """Whether the problem is one this kernel computes (the device aside; ``contiguous``:
+    Q, K, V and dO contiguous and 16-byte aligned; ``ordered``: the deterministic forms,
+    MHA and non-causal). Pure: no device query, so the CPU suite tests it."""
+    rows_ok = p.Nq == p.Nk and p.Nq > 0 and p.Nq % (2 * BLOCK_N) == 0
+    band_ok = not p.has_lo and (not p.has_hi or p.hi_off == 0)
+    ordered_ok = not ordered or (p.Hq == p.Hkv and not p.has_hi)
+    return (dtype in (torch.float16, torch.bfloat16) and p.D in (64, 128) and contiguous
+            and rows_ok and band_ok and ordered_ok and p.mask is None)
+
+
+def form(deterministic: bool) -> str | None:
+    """The kernel form a call of this determinism takes under the current mode
+    (``_common.get_gluon_bwd``): None (the Triton kernels), "split" or "writer" for
+    ``deterministic=False``, "split_ordered" or "writer_ordered" for deterministic calls."""
+    mode = _common.get_gluon_bwd()
+    if mode == "off":
+        return None
+    return mode + "_ordered" if deterministic else mode
+
+
+def fits(p: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+         deterministic: bool) -> bool:
+    """The call's side of :func:`eligible`: Gluon's bulk reduce-add available, a form
+    switched on for this determinism (:func:`form`), and :func:`supported` on these tensors.
+    No device query (the sm_90a compile check calls it on CPU tensors)."""
+    return (AVAILABLE and form(deterministic) is not None
+            and supported(p, q.dtype, all(t.is_contiguous() and t.data_ptr() % 16 == 0
+                                          for t in (q, k, v, do)), deterministic))
+
+
+def eligible(p: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             do: torch.Tensor, deterministic: bool) -> bool:
+    """Whether this call's backward runs here: :func:`fits`, on an sm_90 GPU, outside the
+    interpreter; the ordered forms also need every program of a head resident at once
+    (N/128 at most the multiprocessor count, one program per multiprocessor: their turns
+    wait on the next program, which must not be left unscheduled behind waiting ones)."""
+    if INTERPRET or not q.is_cuda or not fits(p, q, k, v, do, deterministic) \
+            or not _sm90(q.device):
+        return False
+    return not deterministic or p.Nk // (2 * BLOCK_N) <= _common.sm_count(q.device)
+
+
+def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             lse: torch.Tensor, delta: torch.Tensor, p: Problem, deterministic: bool):
+    """(dq, dk, dv) in the inputs' dtype, from the forward's base-2 ``lse`` and ``delta``
+    (both fp32, (B, Hq, N)). Only for calls :func:`fits` accepts (:func:`eligible` on a
+    GPU)."""
+    name = form(deterministic)
+    gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[q.dtype]
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    acc = torch.zeros((p.B, p.Hq, p.Nq, p.D), dtype=torch.float32, device=q.device)
+    # the ordered forms' turn counters: one per (query tile, head-dim half)
+    sem = torch.zeros(p.B * p.Hq * (p.Nq // BLOCK_M) * 2 if deterministic else 1,
+                      dtype=torch.int32, device=q.device)
+
+    def desc(t, rows, cols, dt):
+        layout = gl.NVMMASharedLayout.get_default_for([rows, cols], dt)
+        return TensorDescriptor.from_tensor(t.reshape(-1, p.D), [rows, cols], layout)
+
+    LAUNCHES[0] += 1
+    with _common.device_ctx(q):
+        _bwd_kernel[(p.Nk // (2 * BLOCK_N), p.B * p.Hkv)](
+            desc(q, BLOCK_M, p.D, gdt), desc(k, BLOCK_N, p.D, gdt), desc(v, BLOCK_N, p.D, gdt),
+            desc(do, BLOCK_M, p.D, gdt), desc(dk, BLOCK_N, p.D, gdt),
+            desc(dv, BLOCK_N, p.D, gdt), desc(acc, BLOCK_M, p.D // 2, gl.float32), lse, delta,
+            sem, p.scale * _common.LOG2E, p.scale, p.Nk, p.group, BLOCK_N=BLOCK_N,
+            BLOCK_M=BLOCK_M, HEAD_D=p.D, STAGES=STAGES, CAUSAL=p.has_hi,
+            ORDERED=deterministic, WRITER=name.startswith("writer"), num_warps=4,
+            maxnreg=MAXNREG)
+    return acc.to(q.dtype), dk, dv

@@ -1,0 +1,265 @@
+"""The backward's Gluon path (kernels/flash_attention_gluon_bwd.py): where it runs, the switch
+that selects its form, what it compiles to, and, on an sm_90 GPU under a Triton whose Gluon
+has the bulk reduce-add, that it gives the Triton backward's gradients.
+
+On the CPU: the pure predicate (``supported``) over every condition, the switch and its
+errors, the launcher's glue (``_backward`` hands an eligible call the Triton preprocess's
+delta and returns what the kernel returns; the kernel stood in by a float64 reference of
+its contract), and every form compiled for sm_90a without a GPU (scripts/ptxas_report.py's
+stand-in driver, in a subprocess without the interpreter) with its structure read from the
+PTX. On an sm_90 GPU: every form against the Triton backward (causal, GQA, both head dims,
+both dtypes), the ordered forms bitwise repeatable, and the calls left to the Triton kernels.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from flashcheck.kernels import _common
+from flashcheck.kernels import flash_attention as fa
+from flashcheck.kernels import flash_attention_gluon_bwd as gb
+from flashcheck.kernels._common import INTERPRET, Problem
+
+ROOT = Path(__file__).resolve().parent.parent
+SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def _problem(Nq=1024, Nk=1024, D=128, causal=False, hi_off=0, has_lo=False, mask=None,
+             Hq=4, Hkv=2):
+    return Problem(B=2, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, D=D, scale=D ** -0.5, has_lo=has_lo,
+                   has_hi=causal, lo_off=0, hi_off=hi_off, is_causal=causal, mask=mask,
+                   mask_kind=0 if mask is None else 1)
+
+
+@pytest.mark.parametrize("kw, dtype, contiguous, ordered, want", [
+    (dict(), torch.bfloat16, True, False, True),
+    (dict(causal=True), torch.float16, True, False, True),
+    (dict(D=64, Hq=8, Hkv=1), torch.bfloat16, True, False, True),  # MQA: the group loop
+    (dict(Hq=2, Hkv=2), torch.bfloat16, True, True, True),  # ordered: MHA, non-causal
+    (dict(), torch.bfloat16, True, True, False),  # ordered under GQA
+    (dict(causal=True, Hq=2, Hkv=2), torch.bfloat16, True, True, False),  # ordered, causal
+    (dict(), torch.float32, True, False, False),
+    (dict(D=96), torch.bfloat16, True, False, False),
+    (dict(D=256), torch.bfloat16, True, False, False),
+    (dict(Nq=1024, Nk=2048), torch.bfloat16, True, False, False),  # Nq != Nk
+    (dict(Nq=1152, Nk=1152), torch.bfloat16, True, False, True),  # 9 x 128
+    (dict(Nq=1000, Nk=1000), torch.bfloat16, True, False, False),
+    (dict(Nq=64, Nk=64), torch.bfloat16, True, False, False),  # below one program's keys
+    (dict(causal=True, hi_off=24), torch.bfloat16, True, False, False),  # another band
+    (dict(has_lo=True), torch.bfloat16, True, False, False),  # a window's lower edge
+    (dict(mask=torch.ones(1, dtype=torch.bool)), torch.bfloat16, True, False, False),
+    (dict(), torch.bfloat16, False, False, False),  # not contiguous (B, H, N, D)
+])
+def test_supported_takes_exactly_its_problems(kw, dtype, contiguous, ordered, want):
+    assert gb.supported(_problem(**kw), dtype, contiguous, ordered) is want
+
+
+def test_the_switch_chooses_the_form_and_names_its_values():
+    assert _common.get_gluon_bwd() == "off" and gb.form(False) is None
+    with _common.gluon_bwd("split"):
+        assert (gb.form(False), gb.form(True)) == ("split", "split_ordered")
+    with _common.gluon_bwd("writer"):
+        assert (gb.form(False), gb.form(True)) == ("writer", "writer_ordered")
+    assert _common.get_gluon_bwd() == "off"
+    with pytest.raises(ValueError,
+                       match=r"Gluon backward mode must be one of \('off', 'split', 'writer'\), "
+                             r"got 'on'"):
+        _common.set_gluon_bwd("on")
+    env = {**os.environ, "FLASHCHECK_GLUON_BWD": "fast"}
+    res = subprocess.run([sys.executable, "-c", "import flashcheck.kernels"], env=env,
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert res.returncode != 0 and "FLASHCHECK_GLUON_BWD must be one of" in res.stderr
+
+
+@pytest.mark.skipif(not gb.AVAILABLE, reason="this Triton's Gluon has no bulk reduce-add")
+def test_fits_is_the_calls_side_without_a_device_query():
+    """``fits`` takes the domain on CPU tensors once a form is switched on, refuses dO (or
+    any input) misaligned or not contiguous; ``eligible`` adds the device and stays false
+    here."""
+    q = torch.zeros(2, 4, 1024, 128, dtype=torch.float16)
+    k = torch.zeros(2, 2, 1024, 128, dtype=torch.float16)
+    p = _problem()
+    assert not gb.fits(p, q, k, k, q, False)  # off by default
+    with _common.gluon_bwd("split"):
+        assert gb.fits(p, q, k, k, q, False) and not gb.eligible(p, q, k, k, q, False)
+        assert not gb.fits(p, q, k, k, q, True)  # GQA: no ordered form
+        expanded = torch.zeros(1, dtype=torch.float16).expand_as(q)  # dO of a .sum()
+        assert not gb.fits(p, q, k, k, expanded, False)
+        shifted = torch.zeros(q.numel() + 1, dtype=torch.float16)[1:].view(q.shape)
+        assert shifted.data_ptr() % 16 != 0 and not gb.fits(p, q, k, k, shifted, False)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the glue is checked under the interpreter")
+def test_backward_hands_an_eligible_call_the_preprocessed_delta(monkeypatch):
+    """``_backward`` on a call ``eligible`` accepts: the Triton preprocess computes delta =
+    rowsum(dO ∘ O), the Gluon launcher gets (dO, Q, K, V, lse, delta, problem, determinism)
+    and its gradients are returned as they are; with the kernel stood in by a float64
+    reference of its contract, they match autograd's through SDPA (GQA, causal)."""
+    seen = {}
+
+    def kernel(do, q, k, v, lse, delta, p, deterministic):
+        seen.update(delta=delta.clone(), deterministic=deterministic)
+        with torch.enable_grad():  # (called from inside autograd's backward)
+            qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
+            out = torch.nn.functional.scaled_dot_product_attention(
+                qd, kd, vd, is_causal=p.is_causal, scale=p.scale, enable_gqa=True)
+            dq, dk, dv = torch.autograd.grad(out, (qd, kd, vd), do.double())
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+    monkeypatch.setattr(gb, "eligible", lambda *a: True)
+    monkeypatch.setattr(gb, "backward", kernel)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 256, 64, generator=g, dtype=torch.float16)
+    k, v = (torch.randn(1, 2, 256, 64, generator=g, dtype=torch.float16) for _ in range(2))
+    do = torch.randn(1, 4, 256, 64, generator=g, dtype=torch.float16)
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    out = fa.attention_atomic(qg, kg, vg, is_causal=True, enable_gqa=True)
+    out.backward(do)
+    assert seen["deterministic"] is False
+    want_delta = (out.detach().float() * do.float()).sum(-1)
+    assert torch.allclose(seen["delta"], want_delta, rtol=1e-5, atol=1e-5)
+    qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
+    ref = torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, is_causal=True,
+                                                           enable_gqa=True)
+    want = torch.autograd.grad(ref, (qd, kd, vd), do.double())
+    for got, w in zip((qg.grad, kg.grad, vg.grad), want, strict=True):
+        # the stand-in's own result, rounded to fp16 once
+        assert torch.allclose(got.double(), w, rtol=2 ** -10, atol=2 ** -14)
+
+
+_COMPILE = r"""
+import json, sys, importlib.util, torch
+from pathlib import Path
+spec = importlib.util.spec_from_file_location("ptxas_report", "scripts/ptxas_report.py")
+rep = importlib.util.module_from_spec(spec); spec.loader.exec_module(rep)
+comp = rep._Compiler(Path(sys.argv[1])); comp.install()
+from flashcheck.kernels import _common
+from flashcheck.kernels import flash_attention_gluon_bwd as gb
+from flashcheck.kernels._common import Problem
+if not gb.AVAILABLE:
+    print(json.dumps("no-bulk")); sys.exit(0)
+comp.only = "_bwd_kernel"
+for mode in ("split", "writer"):
+    for D in (128, 64):
+        for causal, det, hkv in ((False, False, 2), (True, False, 1), (False, True, 2)):
+            q = torch.empty(1, 2, 1024, D, dtype=torch.bfloat16)
+            kv = torch.empty(1, hkv, 1024, D, dtype=torch.bfloat16)
+            r = torch.empty(1, 2, 1024)
+            p = Problem(B=1, Hq=2, Hkv=hkv, Nq=1024, Nk=1024, D=D, scale=D ** -0.5,
+                        has_lo=False, has_hi=causal, lo_off=0, hi_off=0, is_causal=causal,
+                        mask=None, mask_kind=0)
+            comp.tag = f"{mode} D={D} causal={causal} ordered={det} hkv={hkv}"
+            with _common.gluon_bwd(mode):
+                assert gb.fits(p, q, kv, kv, q, det), comp.tag
+                gb.backward(q, q, kv, kv, r, r, p, det)
+print(json.dumps(comp.records))
+"""
+
+
+def test_every_form_compiles_for_sm90_with_its_partitions_and_bulk_adds(tmp_path):
+    """Each form for sm_90a (no GPU): registers as launched, shared memory within the
+    H200's 227 KiB, spills of at most a few hundred bytes (measured: up to 344 at D 128 under
+    causal), the partitions' budgets (240 for the consumers, 24 for the producer and the
+    writer) and each program's dQ halves going out as bulk tensor reduce-adds; only the
+    ordered forms wait for a turn (acquire), and the writer forms have a fourth partition."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    res = subprocess.run([sys.executable, "-c", _COMPILE, str(tmp_path)], env=env,
+                         capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    recs = json.loads(res.stdout.strip().splitlines()[-1])
+    if recs == "no-bulk":
+        pytest.skip("this Triton's Gluon has no bulk tensor reduce-add (tma.async_atomic_add)")
+    assert len(recs) == 12 and {r["kernel"] for r in recs} == {"_bwd_kernel"}
+    for r in recs:
+        assert r["registers"] == gb.MAXNREG and r["spill_store_bytes"] <= 512, r
+        assert r["shared_bytes"] <= 227 * 1024, r
+        if "D=64" in r["launch"]:
+            assert r["spill_store_bytes"] == 0, r
+    ptx = {p.name: p.read_text() for p in tmp_path.glob("*.ptx")}
+    assert len(ptx) == 12
+    for text in ptx.values():
+        assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", text)
+        assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", text)
+        assert "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add" in text
+    assert sum("acquire" in text for text in ptx.values()) == 4  # 2 forms x 2 head dims
+
+
+needs_gluon_bwd = pytest.mark.skipif(
+    not SM90 or not gb.AVAILABLE,
+    reason="the Gluon backward runs on sm_90 GPUs under a Triton with Gluon's bulk reduce-add")
+
+
+def _qkv(B, Hq, Hkv, N, D, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, do = (torch.randn(B, Hq, N, D, device="cuda", dtype=dtype, generator=g)
+             for _ in range(2))
+    k, v = (torch.randn(B, Hkv, N, D, device="cuda", dtype=dtype, generator=g)
+            for _ in range(2))
+    return q, k, v, do
+
+
+def _grads(q, k, v, do, deterministic, **kw):
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    fa.attention_ext(qg, kg, vg, deterministic=deterministic, **kw).backward(do)
+    return qg.grad, kg.grad, vg.grad
+
+
+@needs_gluon_bwd
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["split", "writer"])
+@pytest.mark.parametrize("shape, kw, deterministic", [
+    ((2, 4, 4, 1024, 128, torch.bfloat16), dict(is_causal=True), False),
+    ((2, 8, 2, 512, 128, torch.float16), dict(enable_gqa=True), False),
+    ((1, 4, 1, 384, 64, torch.bfloat16), dict(is_causal=True, enable_gqa=True, scale=0.3),
+     False),
+    ((1, 2, 2, 1024, 64, torch.float16), dict(), False),
+    ((2, 4, 4, 1024, 128, torch.bfloat16), dict(), True),
+    ((1, 2, 2, 768, 64, torch.float16), dict(scale=0.2), True),
+])
+def test_gluon_backward_gives_the_triton_backward_gradients(mode, shape, kw, deterministic):
+    """dQ, dK, dV within 4 units in the last place of the dtype at each tensor's largest
+    entry of the Triton backward's (the same rounding of P and dS to the input dtype; the
+    fp32 sums in another order, dQ's tiles scaled before their adds); the ordered forms
+    give the same bits twice."""
+    B, Hq, Hkv, N, D, dtype = shape
+    q, k, v, do = _qkv(B, Hq, Hkv, N, D, dtype)
+    want = _grads(q, k, v, do, True, **kw)
+    before = gb.LAUNCHES[0]
+    with _common.gluon_bwd(mode):
+        got = _grads(q, k, v, do, deterministic, **kw)
+        again = _grads(q, k, v, do, deterministic, **kw) if deterministic else got
+    assert gb.LAUNCHES[0] == before + (2 if deterministic else 1)
+    eps = torch.finfo(dtype).eps
+    for a, b in zip(got, want, strict=True):
+        assert float((a.float() - b.float()).abs().max()) <= 4 * eps * float(
+            b.float().abs().max())
+    assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True))
+
+
+@needs_gluon_bwd
+@pytest.mark.gpu
+@pytest.mark.parametrize("kw", [
+    dict(attn_mask=True), dict(window=(8, 0)), dict(N=1000), dict(dtype=torch.float32),
+    dict(deterministic=True, enable_gqa=True), dict(deterministic=True, is_causal=True)])
+def test_calls_outside_its_domain_take_the_triton_backward(kw):
+    N = kw.get("N", 256)
+    hkv = 1 if kw.get("enable_gqa") else 2
+    q, k, v, do = _qkv(1, 2, hkv, N, 128, kw.get("dtype", torch.bfloat16))
+    mask = torch.ones(N, N, dtype=torch.bool, device="cuda") if kw.get("attn_mask") else None
+    before = gb.LAUNCHES[0]
+    with _common.gluon_bwd("split"):
+        _grads(q, k, v, do, kw.get("deterministic", False), attn_mask=mask,
+               window=kw.get("window"), is_causal=kw.get("is_causal", False),
+               enable_gqa=kw.get("enable_gqa", False))
+    torch.cuda.synchronize()
+    assert gb.LAUNCHES[0] == before
