@@ -9,7 +9,10 @@ bf16, D = 128, N = 4K, causal and not), it times:
 - this package's FA2 kernel (``kernels.attention``) in the ``"autotune"`` tuning mode
   (``kernels.tuning``; recorded as ``meta["tuning"]``): forward, backward, forward+backward;
   and the same with ``deterministic=False`` (``triton-fa2-atomic``: dQ added inside the
-  dK/dV kernel; by bulk reduce-adds of fp32 tiles on sm_90+ unless ``FLASHCHECK_TMA=off``);
+  dK/dV kernel; by bulk reduce-adds of fp32 tiles on sm_90+ unless ``FLASHCHECK_TMA=off``;
+  under ``FLASHCHECK_GLUON_BWD=split|writer``, where it applies, the five-product Gluon
+  backward in that form, and the deterministic row its ordered form; recorded as
+  ``meta["gluon_bwd"]``);
 - SDPA with the flash, cuDNN and efficient backends (``torch.nn.attention.sdpa_kernel``);
 - FlexAttention: one ``torch.compile(flex_attention, dynamic=False)`` per process, so each
   shape is compiled exactly once (at its warm-up call); the dynamo recompile limits are
@@ -49,6 +52,7 @@ import time
 from pathlib import Path
 
 import torch
+from flashcheck.kernels import _common
 
 TOKENS = 1 << 20  # B * H * N, fixed so that N = 16K still fits and every row does equal work
 HEADS = 16
@@ -87,6 +91,7 @@ def format_table(rows: list[dict], meta: dict) -> str:
     head = [f"# Attention benchmark on {meta.get('gpu', '?')}", "",
             f"driver {meta.get('driver', '?')}, torch {meta.get('torch', '?')}, "
             f"triton {meta.get('triton', '?')}; tuning {meta.get('tuning', '?')}; "
+            f"Gluon backward {meta.get('gluon_bwd', 'off')}; "
             f"B*H*N = {TOKENS}, H = {HEADS}; "
             "TFLOP/s = 4*B*H*N^2*D (x0.5 causal, x2.5 bwd, x3.5 fwd+bwd) / median time.", "",
             "| dtype | D | causal | N | B | impl | pass | ms | TFLOP/s | peak MiB | note |",
@@ -135,7 +140,7 @@ def _meta() -> dict:
         driver = "unknown"
     return {"gpu": torch.cuda.get_device_name(), "driver": driver, "torch": torch.__version__,
             "triton": triton.__version__, "cuda": torch.version.cuda,
-            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "gluon_bwd": _common.get_gluon_bwd(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
 def _peer_fn(impl: str, causal: bool, q):

@@ -92,8 +92,8 @@ if AVAILABLE:
 
     @gluon.jit
     def _loads(args):
-        """The producer warp (see the module docstring). Worker partitions take no
-        constexpr arguments: the sizes come from the buffers' shapes."""
+        """The producer warp (see the module docstring); the sizes come from the buffers'
+        shapes."""
         (q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bars, k_ready,
          k_empty, v_ready, v_empty, q_row0, kv_row0, lse_row0, start_m, n_tiles,
          qk_scale) = args
@@ -198,22 +198,6 @@ if AVAILABLE:
         tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _consume0(args):
-        _consume(args, 0, False)
-
-    @gluon.jit
-    def _consume1(args):
-        _consume(args, 1, False)
-
-    @gluon.jit
-    def _consume0_causal(args):
-        _consume(args, 0, True)
-
-    @gluon.jit
-    def _consume1_causal(args):
-        _consume(args, 1, True)
-
-    @gluon.jit
     def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, N_Q, N_K, H_Q,
                     GROUP, H_KV, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                     HEAD_D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
@@ -250,12 +234,8 @@ if AVAILABLE:
         args = (q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bars,
                 k_ready, k_empty, v_ready, v_empty, q_row0, kv_row0, q_row0, start_m,
                 n_tiles, qk_scale)
-        if CAUSAL:
-            gl.warp_specialize([(_consume0_causal, (args, )), (_consume1_causal, (args, )),
-                                (_loads, (args, ))], [4, 1], [240, 24])
-        else:
-            gl.warp_specialize([(_consume0, (args, )), (_consume1, (args, )),
-                                (_loads, (args, ))], [4, 1], [240, 24])
+        gl.warp_specialize([(_consume, (args, 0, CAUSAL)), (_consume, (args, 1, CAUSAL)),
+                            (_loads, (args, ))], [4, 1], [240, 24])
 
 
 def _sm90(device: torch.device) -> bool:

@@ -263,3 +263,38 @@ def test_calls_outside_its_domain_take_the_triton_backward(kw):
                enable_gqa=kw.get("enable_gqa", False))
     torch.cuda.synchronize()
     assert gb.LAUNCHES[0] == before
+
+
+@pytest.mark.skipif(not gb.AVAILABLE or not INTERPRET,
+                    reason="needs Gluon's bulk reduce-add (to import) and the interpreter")
+def test_the_campaign_entries_fail_a_call_that_left_the_gluon_backward(monkeypatch):
+    """scripts/gpu/gluon_bwd_domain.py: its capabilities pass the contract check, importing
+    it switches a form on, and a backward that did not run the Gluon kernel exactly once
+    raises AssertionError (a failure to the harness, not a skip); with the kernel stood in
+    (counting its launch) both entries pass gradients through."""
+    from flashcheck.verify.capabilities import check_capabilities
+    from script_modules import load
+
+    monkeypatch.setattr(_common, "_gluon_bwd_mode", ["off"])
+    dom = load("scripts/gpu/gluon_bwd_domain.py")
+    assert _common.get_gluon_bwd() == "split"
+    for entry in (dom.attention, dom.attention_ordered):
+        check_capabilities(entry.capabilities)
+    assert dom.attention.capabilities["deterministic_backward"] is False
+    assert dom.attention_ordered.capabilities["deterministic_backward"] is True
+
+    def stand_in(do, q, k, v, lse, delta, p, deterministic):
+        gb.LAUNCHES[0] += 1
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 128, 64, generator=g, dtype=torch.float16).requires_grad_()
+               for _ in range(3))
+    with pytest.raises(AssertionError, match="did not run the Gluon kernel once"):
+        dom.attention(q, k, v).sum().backward()
+    monkeypatch.setattr(gb, "eligible", lambda *a: True)
+    monkeypatch.setattr(gb, "backward", stand_in)
+    for entry in (dom.attention, dom.attention_ordered):
+        q.grad = None
+        entry(q, k, v).backward(torch.ones(1, 2, 128, 64, dtype=torch.float16))
+        assert q.grad is not None and not q.grad.any()

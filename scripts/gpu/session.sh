@@ -75,14 +75,15 @@
 #                                         e.g. "--d 64 --rounds 3")
 #   bash scripts/gpu/session.sh bwd39     the five-product Gluon backward under triton 3.9 (carry
 #                                         .triton: `bash scripts/gpu/triton_slim.sh pack 3.9.0`
-#                                         here): scripts/gpu/gluon_bwd.py timed and checked
-#                                         (BWD39_D, default "128,64"), then its --ordered forms,
-#                                         racecheck and memcheck on every form (--check-small),
-#                                         then BWD39_MIN minutes (default 3) of `flashcheck fuzz`
-#                                         on gluon_bwd_domain.py's :attention and
-#                                         :attention_ordered, each in its split and writer form
-#                                         (GLUON_BWD_FORM), side by side; longer than one
-#                                         call: `detach bwd39`, then `collect`
+#                                         here): scripts/gpu/gluon_bwd.py (every form timed and
+#                                         checked beside ours and cuDNN; BWD39_D, default
+#                                         "128,64"), the GPU tests of the Gluon paths, racecheck,
+#                                         memcheck and synccheck on every form (--check-small),
+#                                         BWD39_MIN minutes (default 3) of `flashcheck fuzz` on
+#                                         gluon_bwd_domain.py's :attention and :attention_ordered
+#                                         in each form (FLASHCHECK_GLUON_BWD) side by side, then
+#                                         the quick bench under BWD39_FORM (default split);
+#                                         longer than one call: `detach bwd39`, then `collect`
 # Several phases may share one call (session.sh throughput peers); they run in this file's order.
 set -uo pipefail
 : "${1:?phase}"
@@ -129,26 +130,29 @@ if has bwd39; then
   el bwd39
   . scripts/gpu/triton_slim.sh use > "$R/env-bwd39.txt" 2>&1
   export TRITON_CACHE_DIR=$PWD/.tcache39
-  timeout -s TERM 360 python3 scripts/gpu/gluon_bwd.py --d "${BWD39_D:-128,64}" \
+  timeout -s TERM 420 python3 scripts/gpu/gluon_bwd.py --d "${BWD39_D:-128,64}" \
     --out "$R/bwd39.json" > "$R/bwd39.log" 2>&1
   el "bwd39 exit=$?"
-  timeout -s TERM 150 python3 scripts/gpu/gluon_bwd.py --d "${BWD39_D:-128,64}" --ordered \
-    --out "$R/bwd39_ordered.json" > "$R/bwd39_ordered.log" 2>&1
-  el "bwd39 ordered exit=$?"
-  for tool in racecheck memcheck; do
+  timeout -s TERM 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_flash_gluon_bwd.py \
+    tests/test_flash_gluon.py > "$R/bwd39-pytest.log" 2>&1
+  el "bwd39 pytest exit=$?"
+  for tool in racecheck memcheck synccheck; do
     job "bwd39-$tool" 300 compute-sanitizer --tool $tool --print-limit 20 \
       python3 scripts/gpu/gluon_bwd.py --check-small
   done
   for entry in attention attention_ordered; do
     for form in split writer; do
-      job "bwd39-fuzz-$entry-$form" $(( ${BWD39_MIN:-3} * 60 + 150 )) env GLUON_BWD_FORM=$form \
-        python3 -m flashcheck fuzz --kernel "scripts/gpu/gluon_bwd_domain.py:$entry" \
-        --device cuda --minutes "${BWD39_MIN:-3}" --keep-going --seed "${FUZZ_SEED:-20261213}" \
-        --workers 3 --out "$R/bwd39-fuzz-$entry-$form"
+      job "bwd39-fuzz-$entry-$form" $(( ${BWD39_MIN:-3} * 60 + 150 )) \
+        env FLASHCHECK_GLUON_BWD=$form python3 -m flashcheck fuzz \
+        --kernel "scripts/gpu/gluon_bwd_domain.py:$entry" --device cuda --minutes "${BWD39_MIN:-3}" \
+        --keep-going --seed "${FUZZ_SEED:-20261213}" --workers 3 --out "$R/bwd39-fuzz-$entry-$form"
     done
   done
   wait
   el "bwd39 fuzz done"
+  FLASHCHECK_GLUON_BWD=${BWD39_FORM:-split} timeout -s TERM 400 python3 -m flashcheck.kernels.bench \
+    --quick --out "$R/bench-bwd39" > "$R/bench-bwd39.log" 2>&1
+  el "bwd39 bench exit=$?"
 fi
 if has ab; then
   el ab
