@@ -298,3 +298,40 @@ def test_the_campaign_entries_fail_a_call_that_left_the_gluon_backward(monkeypat
         q.grad = None
         entry(q, k, v).backward(torch.ones(1, 2, 128, 64, dtype=torch.float16))
         assert q.grad is not None and not q.grad.any()
+
+
+def _turns(n_ctx: int, resident: int) -> bool:
+    """The ordered forms' turns, modelled: program p (first key 128p) visits the query tiles
+    from its own (tile (64i + 128p) mod N at step i) and adds at step i when the tile's
+    counter reads i // 2; programs are dispatched in order onto ``resident`` slots. True if
+    every add happens (each counter value taken once), False on a deadlock."""
+    P, Q = n_ctx // (2 * gb.BLOCK_N), n_ctx // gb.BLOCK_M
+    counters = [0] * Q
+    step = dict.fromkeys(range(min(P, resident)), 0)  # resident program -> its next step
+    nxt = len(step)
+    while step:
+        moved = False
+        for p in list(step):
+            t = (step[p] * gb.BLOCK_M + p * 2 * gb.BLOCK_N) % n_ctx // gb.BLOCK_M
+            if counters[t] == step[p] // 2:
+                counters[t] += 1
+                step[p] += 1
+                moved = True
+                if step[p] == Q:
+                    del step[p]
+                    if nxt < P:
+                        step[nxt], nxt = 0, nxt + 1
+        if not moved:
+            return False
+    assert counters == [P] * Q
+    return True
+
+
+@pytest.mark.parametrize("n_ctx", [256, 1024, 4096])
+def test_ordered_turns_finish_when_a_heads_programs_fit_at_once(n_ctx):
+    """What ``eligible``'s bound on the ordered forms rests on: each tile's counter is
+    taken by the programs one at a time, and the turns finish when a head's N/128 programs
+    can all be resident, but deadlock when they cannot (a program waits on the next one)."""
+    P = n_ctx // (2 * gb.BLOCK_N)
+    assert _turns(n_ctx, P) and _turns(n_ctx, P + 5)
+    assert not _turns(n_ctx, P - 1)
