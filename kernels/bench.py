@@ -205,6 +205,17 @@ def _compiled_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+def kernel_times(fn, calls: int = 5) -> dict[str, float]:
+    """The GPU kernels of ``calls`` calls of ``fn`` by name (``torch.profiler``): ms per
+    call each, so that a call's whole time can be read against its kernels'."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return {e.key: round(e.device_time_total / 1000 / calls, 3)
+            for e in prof.key_averages() if e.device_time_total > 0}
+
+
 def _bench_one(cfg: dict, impl: str, timed: bool = True) -> list[dict]:
     from triton.testing import do_bench
     dtype = getattr(torch, cfg["dtype"])

@@ -48,27 +48,27 @@ from __future__ import annotations
 
 import torch
 from flashcheck.kernels import _common
+from flashcheck.kernels import flash_attention_gluon as _fwd
 from flashcheck.kernels._common import INTERPRET, Problem
 
-try:  # pragma: no cover - depends on the installed Triton
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
+# Gluon's names as the forward imports them; the bulk tensor reduce-add is Triton 3.9's (3.6's
+# Gluon has none).
+AVAILABLE = _fwd.AVAILABLE and hasattr(getattr(_fwd, "tma", None), "async_atomic_add")
+if AVAILABLE:  # pragma: no cover - depends on the installed Triton
+    from flashcheck.kernels.flash_attention_gluon import (
+        TensorDescriptor,
+        _tma_load,
+        _tma_store,
         fence_async_shared,
+        gl,
+        gluon,
         mbarrier,
         tma,
         warpgroup_mma,
         warpgroup_mma_wait,
     )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
-    _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
-    # Triton 3.6's Gluon has no bulk tensor reduce-add: this kernel needs 3.9's.
-    AVAILABLE = hasattr(gl, "warp_specialize") and hasattr(tma, "async_atomic_add")
-except ImportError:  # pragma: no cover
-    AVAILABLE = False
+    _barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # 3.9 / earlier
 
 BLOCK_N = 64  # keys per consumer warpgroup (two per program)
 BLOCK_M = 64  # query rows per streamed tile
@@ -83,12 +83,9 @@ LAUNCHES = [0]  # calls of backward() since import (tests and the GPU session re
 
 if AVAILABLE:
     @gluon.jit
-    def _loads(args):
+    def _loads(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bars,
+               q_ready, q_empty, row0, q_row0, start_n, m_lo, n_qtiles, n_ctx, n_group, rot):
         """The producer warp: each consumer's K and V once, then Q and dO tile by tile."""
-        (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, lse_ptr, delta_ptr,
-         sem_ptr, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bars, q_ready,
-         q_empty, ds_ready, dq_full, dq_free, row0, q_row0, start_n, m_lo, n_qtiles, n_ctx,
-         n_group, rot, qk_scale, sm_scale) = args
         BN: gl.constexpr = k_smem.type.shape[0] // 2
         BM: gl.constexpr = q_smem.type.shape[1]
         NS: gl.constexpr = q_smem.type.shape[0]
@@ -126,13 +123,10 @@ if AVAILABLE:
             tma.async_atomic_add(dq_desc, [rows, col], staged)
 
     @gluon.jit
-    def _writer(args, ORDERED: gl.constexpr):
+    def _writer(dq_desc, sem_ptr, dq_smem, dq_full, dq_free, q_row0, m_lo, n_qtiles, n_ctx,
+                n_group, rot, ORDERED: gl.constexpr):
         """The writer forms' adding warp: the consumers' staged dQ halves tile by tile (half
         0, then 1), each slot handed back once its add has read it."""
-        (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, lse_ptr, delta_ptr,
-         sem_ptr, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bars, q_ready,
-         q_empty, ds_ready, dq_full, dq_free, row0, q_row0, start_n, m_lo, n_qtiles, n_ctx,
-         n_group, rot, qk_scale, sm_scale) = args
         BM: gl.constexpr = dq_smem.type.shape[1]
         HH: gl.constexpr = dq_smem.type.shape[2]
         for j in range(n_group * n_qtiles):
@@ -152,10 +146,10 @@ if AVAILABLE:
         over both warpgroups' keys (see the module docstring). Under causal both take every
         query tile from the program's first (dQ needs both halves); the masked rows
         contribute zeros."""
-        (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, lse_ptr, delta_ptr,
-         sem_ptr, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bars, q_ready,
-         q_empty, ds_ready, dq_full, dq_free, row0, q_row0, start_n, m_lo, n_qtiles, n_ctx,
-         n_group, rot, qk_scale, sm_scale) = args
+        (q_desc, dk_desc, dv_desc, dq_desc, lse_ptr, delta_ptr, sem_ptr, k_smem, v_smem,
+         q_smem, do_smem, ds_smem, dq_smem, kv_bars, q_ready, q_empty, ds_ready, dq_full,
+         dq_free, row0, q_row0, start_n, m_lo, n_qtiles, n_ctx, n_group, rot, qk_scale,
+         sm_scale) = args
         BN: gl.constexpr = k_smem.type.shape[0] // 2
         HD: gl.constexpr = k_smem.type.shape[1]
         HH: gl.constexpr = HD // 2
@@ -297,23 +291,23 @@ if AVAILABLE:
             mbarrier.init(q_ready.index(s), count=1)
             mbarrier.init(q_empty.index(s), count=2)
 
-        args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, lse_ptr,
-                delta_ptr, sem_ptr, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
-                kv_bars, q_ready, q_empty, ds_ready, dq_full, dq_free, row0, q_row0,
-                start_n, m_lo, n_qtiles, N_CTX, GROUP, rot, qk_scale, sm_scale)
+        args = (q_desc, dk_desc, dv_desc, dq_desc, lse_ptr, delta_ptr, sem_ptr, k_smem,
+                v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bars, q_ready, q_empty,
+                ds_ready, dq_full, dq_free, row0, q_row0, start_n, m_lo, n_qtiles, N_CTX,
+                GROUP, rot, qk_scale, sm_scale)
+        loads = (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bars,
+                 q_ready, q_empty, row0, q_row0, start_n, m_lo, n_qtiles, N_CTX, GROUP, rot)
         if WRITER:
             gl.warp_specialize([(_consume, (args, 0, CAUSAL, ORDERED, WRITER)),
                                 (_consume, (args, 1, CAUSAL, ORDERED, WRITER)),
-                                (_loads, (args, )), (_writer, (args, ORDERED))],
+                                (_loads, loads),
+                                (_writer, (dq_desc, sem_ptr, dq_smem, dq_full, dq_free, q_row0,
+                                           m_lo, n_qtiles, N_CTX, GROUP, rot, ORDERED))],
                                [4, 1, 1], [240, 24, 24])
         else:
             gl.warp_specialize([(_consume, (args, 0, CAUSAL, ORDERED, WRITER)),
                                 (_consume, (args, 1, CAUSAL, ORDERED, WRITER)),
-                                (_loads, (args, ))], [4, 1], [240, 24])
-
-
-def _sm90(device: torch.device) -> bool:
-    return torch.cuda.get_device_capability(device) == (9, 0)
+                                (_loads, loads)], [4, 1], [240, 24])
 
 
 def supported(p: Problem, dtype: torch.dtype, contiguous: bool, ordered: bool) -> bool:
@@ -354,7 +348,7 @@ def eligible(p: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     (N/128 at most the multiprocessor count, one program per multiprocessor: their turns
     wait on the next program, which must not be left unscheduled behind waiting ones)."""
     if INTERPRET or not q.is_cuda or not fits(p, q, k, v, do, deterministic) \
-            or not _sm90(q.device):
+            or not _fwd._sm90(q.device):
         return False
     return not deterministic or p.Nk // (2 * BLOCK_N) <= _common.sm_count(q.device)
 

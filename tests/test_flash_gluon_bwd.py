@@ -25,17 +25,11 @@ import torch
 from flashcheck.kernels import _common
 from flashcheck.kernels import flash_attention as fa
 from flashcheck.kernels import flash_attention_gluon_bwd as gb
-from flashcheck.kernels._common import INTERPRET, Problem
+from flashcheck.kernels._common import INTERPRET
+from test_flash_gluon import _problem
 
 ROOT = Path(__file__).resolve().parent.parent
 SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-
-
-def _problem(Nq=1024, Nk=1024, D=128, causal=False, hi_off=0, has_lo=False, mask=None,
-             Hq=4, Hkv=2):
-    return Problem(B=2, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, D=D, scale=D ** -0.5, has_lo=has_lo,
-                   has_hi=causal, lo_off=0, hi_off=hi_off, is_causal=causal, mask=mask,
-                   mask_kind=0 if mask is None else 1)
 
 
 @pytest.mark.parametrize("kw, dtype, contiguous, ordered, want", [

@@ -37,6 +37,7 @@ import torch
 from flashcheck.kernels import _common
 from flashcheck.kernels import flash_attention as fa
 from flashcheck.kernels import flash_attention_gluon_bwd as gb
+from flashcheck.kernels.bench import kernel_times
 
 FORMS = (("split", False), ("writer", False), ("split", True), ("writer", True))
 
@@ -71,15 +72,6 @@ def _form_call(mode: str, deterministic: bool, args):
     return call
 
 
-def _kernels(fn, calls: int = 5) -> dict:
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    return {e.key: round(e.device_time_total / 1000 / calls, 3)
-            for e in prof.key_averages() if e.device_time_total > 0}
-
-
 def _on_gpu(out: Path, dims: tuple[int, ...]) -> int:
     import torch.nn.functional as F
     import triton
@@ -97,7 +89,7 @@ def _on_gpu(out: Path, dims: tuple[int, ...]) -> int:
             args = (do, q, k, v, o, lse, p)
             ours = partial(fa._backward, *args, True, False)
             want = ours()
-            row = dict(D=D, causal=causal, ours_ms=bench(ours), ours_kernels=_kernels(ours))
+            row = dict(D=D, causal=causal, ours_ms=bench(ours), ours_kernels=kernel_times(ours))
             qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
                 y = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
@@ -116,7 +108,7 @@ def _on_gpu(out: Path, dims: tuple[int, ...]) -> int:
                         gluon_launches=gb.LAUNCHES[0] - before,
                         repeats_equal=all(torch.equal(a, b)
                                           for a, b in zip(first, again, strict=True)),
-                        **_ulps(first, want), ms=bench(call), kernels=_kernels(call))
+                        **_ulps(first, want), ms=bench(call), kernels=kernel_times(call))
                 except Exception as e:  # noqa: BLE001 - reported per form
                     row[name] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
             print(json.dumps(row), flush=True)

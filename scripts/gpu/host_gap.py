@@ -24,6 +24,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from flashcheck.kernels.bench import kernel_times
 
 
 def _graph_ms(fn, reps=20):
@@ -45,15 +46,6 @@ def _graph_ms(fn, reps=20):
         b.synchronize()
         times.append(a.elapsed_time(b))
     return statistics.median(times)
-
-
-def _kernels_ms(fn, reps=5):
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    return {e.key: round(e.device_time_total / 1000 / reps, 3)
-            for e in prof.key_averages() if e.device_time_total > 0}
 
 
 def _host_ms(fn, reps=20):
@@ -123,7 +115,7 @@ def main(argv=None) -> int:
                         rnd[name]["graph"] = _graph_ms(fn)
                 row["rounds"].append(rnd)
             for name, fn in fns:
-                row[name] = dict(kernels=_kernels_ms(fn), host_ms=_host_ms(fn),
+                row[name] = dict(kernels=kernel_times(fn), host_ms=_host_ms(fn),
                                  syncs=_syncs(fn))
             print(json.dumps(row), flush=True)
             res["rows"].append(row)
