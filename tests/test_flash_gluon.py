@@ -24,6 +24,7 @@ from flashcheck.kernels import _common
 from flashcheck.kernels import flash_attention as fa
 from flashcheck.kernels import flash_attention_gluon as fg
 from flashcheck.kernels._common import Problem
+from script_modules import compile_for_sm90
 
 ROOT = Path(__file__).resolve().parent.parent
 SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -87,11 +88,6 @@ def test_fits_is_the_calls_side_without_a_device_query():
 
 
 _COMPILE = r"""
-import json, sys, importlib.util, torch
-from pathlib import Path
-spec = importlib.util.spec_from_file_location("ptxas_report", "scripts/ptxas_report.py")
-rep = importlib.util.module_from_spec(spec); spec.loader.exec_module(rep)
-comp = rep._Compiler(Path(sys.argv[1])); comp.install()
 from flashcheck.kernels import flash_attention_gluon as g
 from flashcheck.kernels._common import Problem
 for causal in (False, True):
@@ -112,10 +108,7 @@ def test_compiles_for_sm90_with_its_partitions_and_overlap(tmp_path):
     pytest.importorskip("triton.backends.nvidia.compiler")
     if not fg.AVAILABLE:
         pytest.skip("this Triton has no Gluon warp_specialize")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    res = subprocess.run([sys.executable, "-c", _COMPILE, str(tmp_path)], env=env,
-                         capture_output=True, text=True, cwd=ROOT, timeout=600)
+    res = compile_for_sm90(_COMPILE, tmp_path, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     recs = json.loads(res.stdout.strip().splitlines()[-1])
     assert len(recs) == 2 and {r["kernel"] for r in recs} == {"_fwd_kernel"}

@@ -26,6 +26,7 @@ from flashcheck.kernels import _common
 from flashcheck.kernels import flash_attention as fa
 from flashcheck.kernels import flash_attention_gluon_bwd as gb
 from flashcheck.kernels._common import INTERPRET
+from script_modules import compile_for_sm90, load
 from test_flash_gluon import _problem
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -129,11 +130,6 @@ def test_backward_hands_an_eligible_call_the_preprocessed_delta(monkeypatch):
 
 
 _COMPILE = r"""
-import json, sys, importlib.util, torch
-from pathlib import Path
-spec = importlib.util.spec_from_file_location("ptxas_report", "scripts/ptxas_report.py")
-rep = importlib.util.module_from_spec(spec); spec.loader.exec_module(rep)
-comp = rep._Compiler(Path(sys.argv[1])); comp.install()
 from flashcheck.kernels import _common
 from flashcheck.kernels import flash_attention_gluon_bwd as gb
 from flashcheck.kernels._common import Problem
@@ -164,11 +160,7 @@ def test_every_form_compiles_for_sm90_with_its_partitions_and_bulk_adds(tmp_path
     writer) and each program's dQ halves going out as bulk tensor reduce-adds; only the
     ordered forms wait for a turn (acquire), and the writer forms have a fourth partition."""
     pytest.importorskip("triton.backends.nvidia.compiler")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    res = subprocess.run([sys.executable, "-c", _COMPILE, str(tmp_path)], env=env,
-                         capture_output=True, text=True, cwd=ROOT, timeout=900)
+    res = compile_for_sm90(_COMPILE, tmp_path, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     recs = json.loads(res.stdout.strip().splitlines()[-1])
     if recs == "no-bulk":
@@ -267,7 +259,6 @@ def test_the_campaign_entries_fail_a_call_that_left_the_gluon_backward(monkeypat
     raises AssertionError (a failure to the harness, not a skip); with the kernel stood in
     (counting its launch) both entries pass gradients through."""
     from flashcheck.verify.capabilities import check_capabilities
-    from script_modules import load
 
     monkeypatch.setattr(_common, "_gluon_bwd_mode", ["off"])
     dom = load("scripts/gpu/gluon_bwd_domain.py")
