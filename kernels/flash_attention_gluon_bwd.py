@@ -22,10 +22,13 @@ keys of one batch and kv head:
 - "ordered" forms (the deterministic class): the adds in a fixed order. The programs visit
   the query tiles rotated by their first key, and a counter per (query tile, head-dim
   half) gives each program its turn: the tile's previous adder is the next program, two
-  steps earlier. Bitwise repeatable, on the condition that every program of a batch and
-  head can be resident at once (the turns wait on the next program: :func:`eligible`
-  requires N/128 programs per head at most the multiprocessor count; one program fits per
-  multiprocessor).
+  steps earlier (under GQA the same per query head: a program takes the group's heads in
+  turn, each head's tiles in the same rotated order, with counters of their own). Bitwise
+  repeatable, on the condition that every program of a batch and kv head can be resident
+  at once (the turns wait on the next program: :func:`eligible` requires N/128 programs
+  per head at most the multiprocessor count; one program fits per multiprocessor).
+  Non-causal only: under causal the programs' tile ranges differ, and a turn order
+  without rotation would keep programs waiting a tile range behind each other.
 
 The arithmetic of the Triton backward: P and dS rounded to the input dtype before their
 products, fp32 accumulators, base-2 lse, dK scaled once at the end; dQ's tiles are scaled
@@ -36,7 +39,7 @@ Where it runs (:func:`eligible`): CUDA sm_90, a Triton whose Gluon has the bulk 
 (3.9; not 3.6), float16/bfloat16, head dim 64 or 128, Nq = Nk a multiple of 128, Q, K, V and
 dO contiguous (B, H, N, D) at 16-byte aligned addresses, no mask, no band but the causal one
 (top-left), GQA included (dK/dV in one fp32 accumulator over the group); the ordered forms
-MHA and non-causal only. ``_common.set_gluon_bwd`` (``FLASHCHECK_GLUON_BWD``) chooses the
+non-causal only. ``_common.set_gluon_bwd`` (``FLASHCHECK_GLUON_BWD``) chooses the
 form: "off" (the default until its H200 campaign has passed: docs/kernel.md), "split" or
 "writer": calls with ``deterministic=False`` take the form as its adds come, deterministic
 calls its ordered variant where that applies; everything else takes the Triton kernels.
@@ -313,10 +316,10 @@ if AVAILABLE:
 def supported(p: Problem, dtype: torch.dtype, contiguous: bool, ordered: bool) -> bool:
     """Whether the problem is one this kernel computes (the device aside; ``contiguous``:
     Q, K, V and dO contiguous and 16-byte aligned; ``ordered``: the deterministic forms,
-    MHA and non-causal). Pure: no device query, so the CPU suite tests it."""
+    non-causal). Pure: no device query, so the CPU suite tests it."""
     rows_ok = p.Nq == p.Nk and p.Nq > 0 and p.Nq % (2 * BLOCK_N) == 0
     band_ok = not p.has_lo and (not p.has_hi or p.hi_off == 0)
-    ordered_ok = not ordered or (p.Hq == p.Hkv and not p.has_hi)
+    ordered_ok = not ordered or not p.has_hi
     return (dtype in (torch.float16, torch.bfloat16) and p.D in (64, 128) and contiguous
             and rows_ok and band_ok and ordered_ok and p.mask is None)
 

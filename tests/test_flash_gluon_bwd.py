@@ -37,8 +37,8 @@ SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0
     (dict(), torch.bfloat16, True, False, True),
     (dict(causal=True), torch.float16, True, False, True),
     (dict(D=64, Hq=8, Hkv=1), torch.bfloat16, True, False, True),  # MQA: the group loop
-    (dict(Hq=2, Hkv=2), torch.bfloat16, True, True, True),  # ordered: MHA, non-causal
-    (dict(), torch.bfloat16, True, True, False),  # ordered under GQA
+    (dict(Hq=2, Hkv=2), torch.bfloat16, True, True, True),  # ordered: non-causal
+    (dict(), torch.bfloat16, True, True, True),  # ordered under GQA: per query head
     (dict(causal=True, Hq=2, Hkv=2), torch.bfloat16, True, True, False),  # ordered, causal
     (dict(), torch.float32, True, False, False),
     (dict(D=96), torch.bfloat16, True, False, False),
@@ -84,7 +84,8 @@ def test_fits_is_the_calls_side_without_a_device_query():
     assert not gb.fits(p, q, k, k, q, False)  # off by default
     with _common.gluon_bwd("split"):
         assert gb.fits(p, q, k, k, q, False) and not gb.eligible(p, q, k, k, q, False)
-        assert not gb.fits(p, q, k, k, q, True)  # GQA: no ordered form
+        assert gb.fits(p, q, k, k, q, True)  # the ordered form (GQA, non-causal)
+        assert not gb.fits(_problem(causal=True), q, k, k, q, True)  # not under causal
         expanded = torch.zeros(1, dtype=torch.float16).expand_as(q)  # dO of a .sum()
         assert not gb.fits(p, q, k, k, expanded, False)
         shifted = torch.zeros(q.numel() + 1, dtype=torch.float16)[1:].view(q.shape)
@@ -138,7 +139,8 @@ if not gb.AVAILABLE:
 comp.only = "_bwd_kernel"
 for mode in ("split", "writer"):
     for D in (128, 64):
-        for causal, det, hkv in ((False, False, 2), (True, False, 1), (False, True, 2)):
+        for causal, det, hkv in ((False, False, 2), (True, False, 1), (False, True, 2),
+                                 (False, True, 1)):
             q = torch.empty(1, 2, 1024, D, dtype=torch.bfloat16)
             kv = torch.empty(1, hkv, 1024, D, dtype=torch.bfloat16)
             r = torch.empty(1, 2, 1024)
@@ -165,19 +167,20 @@ def test_every_form_compiles_for_sm90_with_its_partitions_and_bulk_adds(tmp_path
     recs = json.loads(res.stdout.strip().splitlines()[-1])
     if recs == "no-bulk":
         pytest.skip("this Triton's Gluon has no bulk tensor reduce-add (tma.async_atomic_add)")
-    assert len(recs) == 12 and {r["kernel"] for r in recs} == {"_bwd_kernel"}
+    assert len(recs) == 16 and {r["kernel"] for r in recs} == {"_bwd_kernel"}
     for r in recs:
         assert r["registers"] == gb.MAXNREG and r["spill_store_bytes"] <= 512, r
         assert r["shared_bytes"] <= 227 * 1024, r
         if "D=64" in r["launch"]:
             assert r["spill_store_bytes"] == 0, r
     ptx = {p.name: p.read_text() for p in tmp_path.glob("*.ptx")}
-    assert len(ptx) == 12
+    assert len(ptx) == 16
     for text in ptx.values():
         assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", text)
         assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", text)
         assert "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add" in text
-    assert sum("acquire" in text for text in ptx.values()) == 4  # 2 forms x 2 head dims
+    # 2 forms x 2 head dims x MHA and GQA
+    assert sum("acquire" in text for text in ptx.values()) == 8
 
 
 needs_gluon_bwd = pytest.mark.skipif(
@@ -211,6 +214,7 @@ def _grads(q, k, v, do, deterministic, **kw):
     ((1, 2, 2, 1024, 64, torch.float16), dict(), False),
     ((2, 4, 4, 1024, 128, torch.bfloat16), dict(), True),
     ((1, 2, 2, 768, 64, torch.float16), dict(scale=0.2), True),
+    ((2, 8, 2, 512, 128, torch.bfloat16), dict(enable_gqa=True), True),
 ])
 def test_gluon_backward_gives_the_triton_backward_gradients(mode, shape, kw, deterministic):
     """dQ, dK, dV within 4 units in the last place of the dtype at each tensor's largest
@@ -236,17 +240,15 @@ def test_gluon_backward_gives_the_triton_backward_gradients(mode, shape, kw, det
 @pytest.mark.gpu
 @pytest.mark.parametrize("kw", [
     dict(attn_mask=True), dict(window=(8, 0)), dict(N=1000), dict(dtype=torch.float32),
-    dict(deterministic=True, enable_gqa=True), dict(deterministic=True, is_causal=True)])
+    dict(deterministic=True, is_causal=True)])
 def test_calls_outside_its_domain_take_the_triton_backward(kw):
     N = kw.get("N", 256)
-    hkv = 1 if kw.get("enable_gqa") else 2
-    q, k, v, do = _qkv(1, 2, hkv, N, 128, kw.get("dtype", torch.bfloat16))
+    q, k, v, do = _qkv(1, 2, 2, N, 128, kw.get("dtype", torch.bfloat16))
     mask = torch.ones(N, N, dtype=torch.bool, device="cuda") if kw.get("attn_mask") else None
     before = gb.LAUNCHES[0]
     with _common.gluon_bwd("split"):
         _grads(q, k, v, do, kw.get("deterministic", False), attn_mask=mask,
-               window=kw.get("window"), is_causal=kw.get("is_causal", False),
-               enable_gqa=kw.get("enable_gqa", False))
+               window=kw.get("window"), is_causal=kw.get("is_causal", False))
     torch.cuda.synchronize()
     assert gb.LAUNCHES[0] == before
 
@@ -285,38 +287,42 @@ def test_the_campaign_entries_fail_a_call_that_left_the_gluon_backward(monkeypat
         assert q.grad is not None and not q.grad.any()
 
 
-def _turns(n_ctx: int, resident: int) -> bool:
-    """The ordered forms' turns, modelled: program p (first key 128p) visits the query tiles
-    from its own (tile (64i + 128p) mod N at step i) and adds at step i when the tile's
-    counter reads i // 2; programs are dispatched in order onto ``resident`` slots. True if
-    every add happens (each counter value taken once), False on a deadlock."""
+def _turns(n_ctx: int, resident: int, group: int = 1) -> bool:
+    """The ordered forms' turns, modelled: program p (first key 128p) takes the group's query
+    heads in turn and visits each head's query tiles from its own (tile (64i + 128p) mod N
+    at step i), adding when that head's tile counter reads i // 2; programs are dispatched
+    in order onto ``resident`` slots. True if every add happens (each counter value taken
+    once), False on a deadlock."""
     P, Q = n_ctx // (2 * gb.BLOCK_N), n_ctx // gb.BLOCK_M
-    counters = [0] * Q
+    counters = [0] * (group * Q)
     step = dict.fromkeys(range(min(P, resident)), 0)  # resident program -> its next step
     nxt = len(step)
     while step:
         moved = False
         for p in list(step):
-            t = (step[p] * gb.BLOCK_M + p * 2 * gb.BLOCK_N) % n_ctx // gb.BLOCK_M
-            if counters[t] == step[p] // 2:
+            g, i = divmod(step[p], Q)
+            t = g * Q + (i * gb.BLOCK_M + p * 2 * gb.BLOCK_N) % n_ctx // gb.BLOCK_M
+            if counters[t] == i // 2:
                 counters[t] += 1
                 step[p] += 1
                 moved = True
-                if step[p] == Q:
+                if step[p] == group * Q:
                     del step[p]
                     if nxt < P:
                         step[nxt], nxt = 0, nxt + 1
         if not moved:
             return False
-    assert counters == [P] * Q
+    assert counters == [P] * (group * Q)
     return True
 
 
 @pytest.mark.parametrize("n_ctx", [256, 1024, 4096])
 def test_ordered_turns_finish_when_a_heads_programs_fit_at_once(n_ctx):
     """What ``eligible``'s bound on the ordered forms rests on: each tile's counter is
-    taken by the programs one at a time, and the turns finish when a head's N/128 programs
-    can all be resident, but deadlock when they cannot (a program waits on the next one)."""
+    taken by the programs one at a time (per query head under GQA), and the turns finish
+    when a head's N/128 programs can all be resident, but deadlock when they cannot (a
+    program waits on the next one)."""
     P = n_ctx // (2 * gb.BLOCK_N)
-    assert _turns(n_ctx, P) and _turns(n_ctx, P + 5)
-    assert not _turns(n_ctx, P - 1)
+    for group in (1, 4):  # MHA; a GQA group of four query heads per program
+        assert _turns(n_ctx, P, group) and _turns(n_ctx, P + 5, group)
+        assert not _turns(n_ctx, P - 1, group)
