@@ -326,3 +326,15 @@ def test_ordered_turns_finish_when_a_heads_programs_fit_at_once(n_ctx):
     for group in (1, 4):  # MHA; a GQA group of four query heads per program
         assert _turns(n_ctx, P, group) and _turns(n_ctx, P + 5, group)
         assert not _turns(n_ctx, P - 1, group)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--d", "96", "--out", "x.json"], "--d must be head dims 64 and/or 128"),
+    (["--d", "128,x", "--out", "x.json"], "--d must be head dims 64 and/or 128"),
+    ([], "--out is required (or --check-small)"),
+])
+def test_the_timing_script_names_a_bad_argument(argv, message, capsys):
+    script = load("scripts/gpu/gluon_bwd.py")
+    with pytest.raises(SystemExit) as exc:
+        script.main(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err

@@ -146,20 +146,20 @@ def main(argv=None) -> int:
     ap.add_argument("--check-small", action="store_true",
                     help="every form once at a small shape against ours (for compute-sanitizer)")
     args = ap.parse_args(argv)
+    try:
+        dims = tuple(int(x) for x in args.d.split(","))
+    except ValueError:
+        dims = ()
+    if not dims or any(d not in (64, 128) for d in dims):
+        ap.error(f"--d must be head dims 64 and/or 128 separated by commas, got {args.d!r}")
+    if args.out is None and not args.check_small:
+        ap.error("--out is required (or --check-small)")
     if not gb.AVAILABLE:
         print("gluon_bwd: this Triton's Gluon has no bulk reduce-add (tma.async_atomic_add); "
               "on the H200: . scripts/gpu/triton_slim.sh use", file=sys.stderr)
         return 2
     if args.check_small:
         return _check_small()
-    if args.out is None:
-        ap.error("--out is required")
-    try:
-        dims = tuple(int(x) for x in args.d.split(","))
-    except ValueError:
-        ap.error(f"--d must be head dims 64 and/or 128 separated by commas, got {args.d!r}")
-    if not dims or any(d not in (64, 128) for d in dims):
-        ap.error(f"--d must be head dims 64 and/or 128 separated by commas, got {args.d!r}")
     return _on_gpu(args.out, dims)
 
 
