@@ -68,7 +68,10 @@
 #                                         budgets (no --update; KERNEL_UPDATE=1: then again
 #                                         with --update), memcheck, racecheck and the
 #                                         determinism check; longer than one call: run it as
-#                                         `detach kernel`, then `collect`
+#                                         `detach kernel`, then `collect`. KERNEL_TRITON39=1:
+#                                         under triton 3.9 (carry .triton); with
+#                                         FLASHCHECK_GLUON_BWD=split|writer also a campaign of
+#                                         the deterministic=False entry (the Gluon backward)
 #   bash scripts/gpu/session.sh ab        our kernel from this checkout and from the tree in .ab/OLD
 #                                         (carried; `git archive COMMIT | tar -x -C .ab/OLD` here),
 #                                         timed in alternation (scripts/gpu/ab_time.py; AB_ARGS:
@@ -394,6 +397,16 @@ fi
 if has kernel; then
   el kernel
   mkdir -p "$R/kernel"
+  if [ "${KERNEL_TRITON39:-0}" = 1 ]; then  # the kernels under triton 3.9 (carry .triton)
+    . scripts/gpu/triton_slim.sh use > "$R/env-kernel39.txt" 2>&1
+    export TRITON_CACHE_DIR=$PWD/.tcache39
+  fi
+  if [ "${FLASHCHECK_GLUON_BWD:-off}" != off ]; then  # its deterministic=False entry as well
+    job kernel/fuzz-atomic $(( ${KERNEL_MIN:-10} * 60 + 150 )) python3 -m flashcheck fuzz \
+      --kernel flashcheck.kernels.flash_attention:attention_atomic --device cuda \
+      --minutes "${KERNEL_MIN:-10}" --keep-going --seed "${FUZZ_SEED:-20261210}" --workers 4 \
+      --out "$R/kernel/fuzz-atomic"
+  fi
   job kernel/fuzz $(( ${KERNEL_MIN:-10} * 60 + 150 )) python3 -m flashcheck fuzz --kernel triton \
     --device cuda --minutes "${KERNEL_MIN:-10}" --keep-going --seed "${FUZZ_SEED:-20261210}" \
     --workers 8 --out "$R/kernel/fuzz"
