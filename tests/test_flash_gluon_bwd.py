@@ -338,3 +338,26 @@ def test_the_timing_script_names_a_bad_argument(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
         script.main(argv)
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_timing_script_tables_a_run(tmp_path, capsys):
+    """``--table``: one line per form and row, speed as cuDNN's time over the form's, the worst
+    difference in 4-ulp units, an error kept as text; a file that is not a result exits 2."""
+    script = load("scripts/gpu/gluon_bwd.py")
+    form = dict(gluon_launches=1, repeats_equal=True, dq_per_4ulp=0.25, dk_per_4ulp=0.5,
+                dv_per_4ulp=0.125, ms=11.0)
+    res = {"rows": [dict(D=128, causal=False, ours_ms=13.2, cudnn_ms=10.45, split=form,
+                         writer=dict(error="RuntimeError: boom"),
+                         split_ordered={**form, "ms": 12.0})]}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(res))
+    assert script.main(["--table", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 + 3
+    assert lines[2] == ("| 128 | no | 13.20 | 10.45 | split | 11.00 | 0.950 | 1.200 | 0.5 | yes "
+                        "| 1 |")
+    assert "| writer | RuntimeError: boom |" in lines[3] and "split_ordered | 12.00" in lines[4]
+    path.write_text("[]")
+    with pytest.raises(SystemExit) as exc:
+        script.main(["--table", str(path)])
+    assert exc.value.code == 2 and "not a gluon_bwd.py result" in capsys.readouterr().err

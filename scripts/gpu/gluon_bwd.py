@@ -4,6 +4,7 @@ form timed and checked beside our Triton backward and cuDNN's.
     . scripts/gpu/triton_slim.sh use     # triton 3.9: its Gluon has the bulk reduce-add
     python3 scripts/gpu/gluon_bwd.py --out FILE.json [--d 128,64]
     python3 scripts/gpu/gluon_bwd.py --check-small     (under compute-sanitizer)
+    python3 scripts/gpu/gluon_bwd.py --table FILE.json (its Markdown table, anywhere)
 
 Per head dim and causal or not (bf16, B = H = 16, N = 4096, the bench's shape): our whole
 backward (``flash_attention._backward``, deterministic: the Triton kernels) and cuDNN's
@@ -117,6 +118,32 @@ def _on_gpu(out: Path, dims: tuple[int, ...]) -> int:
     return 0
 
 
+def table(res: dict) -> str:
+    """The Markdown table of a run's JSON: per row our whole backward, cuDNN's, and each form's
+    time, its speed against cuDNN (cuDNN's time over its own), its largest difference from
+    ours in units of the 4-ulp check, and whether two calls gave the same bits."""
+    head = ["| D | causal | ours | cuDNN | form | ms | × cuDNN | × ours | worst / 4 ulps "
+            "| repeats equal | Gluon launches |",
+            "|---|---|---:|---:|---|---:|---:|---:|---:|---|---:|"]
+    lines = []
+    for row in res["rows"]:
+        for mode, det in FORMS:
+            name = mode + ("_ordered" if det else "")
+            f = row.get(name)
+            if f is None:
+                continue
+            lead = (f"| {row['D']} | {'yes' if row['causal'] else 'no'} | {row['ours_ms']:.2f} "
+                    f"| {row['cudnn_ms']:.2f} | {name} |")
+            if "error" in f:
+                lines.append(f"{lead} {f['error']} | | | | | |")
+                continue
+            worst = max(v for k, v in f.items() if k.endswith("_per_4ulp"))
+            lines.append(f"{lead} {f['ms']:.2f} | {row['cudnn_ms'] / f['ms']:.3f} | "
+                         f"{row['ours_ms'] / f['ms']:.3f} | {worst:.3g} | "
+                         f"{'yes' if f['repeats_equal'] else 'no'} | {f['gluon_launches']} |")
+    return "\n".join(head + lines) + "\n"
+
+
 def _check_small() -> int:
     bad = 0
     for hkv in (2, 1):
@@ -145,7 +172,15 @@ def main(argv=None) -> int:
     ap.add_argument("--d", default="128,64", help="head dims, e.g. 128")
     ap.add_argument("--check-small", action="store_true",
                     help="every form once at a small shape against ours (for compute-sanitizer)")
+    ap.add_argument("--table", type=Path, metavar="JSON",
+                    help="print the Markdown table of an earlier run's JSON and exit")
     args = ap.parse_args(argv)
+    if args.table is not None:
+        try:
+            print(table(json.loads(args.table.read_text())), end="")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            ap.error(f"--table: not a gluon_bwd.py result ({type(e).__name__}: {e})")
+        return 0
     try:
         dims = tuple(int(x) for x in args.d.split(","))
     except ValueError:

@@ -136,6 +136,7 @@ if has bwd39; then
   timeout -s TERM 420 python3 scripts/gpu/gluon_bwd.py --d "${BWD39_D:-128,64}" \
     --out "$R/bwd39.json" > "$R/bwd39.log" 2>&1
   el "bwd39 exit=$?"
+  python3 scripts/gpu/gluon_bwd.py --table "$R/bwd39.json" > "$R/bwd39.md" 2>&1
   job bwd39-pytest 330 python3 -m pytest -q -p no:cacheprovider -m gpu \
     tests/test_flash_gluon_bwd.py tests/test_flash_gluon.py
   for tool in racecheck memcheck synccheck; do
