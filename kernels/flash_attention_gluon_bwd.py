@@ -22,11 +22,12 @@ keys of one batch and kv head:
 - "ordered" forms (the deterministic class): the adds in a fixed order. The programs visit
   the query tiles rotated by their first key, and a counter per (query tile, head-dim
   half) gives each program its turn: the tile's previous adder is the next program, two
-  steps earlier (under GQA the same per query head: a program takes the group's heads in
-  turn, each head's tiles in the same rotated order, with counters of their own). Bitwise
-  repeatable, on the condition that every program of a batch and kv head can be resident
-  at once (the turns wait on the next program: :func:`eligible` requires N/128 programs
-  per head at most the multiprocessor count; one program fits per multiprocessor).
+  steps earlier; the first adder stores the tile, so the accumulator needs no zeros (under
+  GQA the same per query head: a program takes the group's heads in turn, each head's
+  tiles in the same rotated order, with counters of their own). Bitwise repeatable, on
+  the condition that every program of a batch and kv head can be resident at once (the
+  turns wait on the next program: :func:`eligible` requires N/128 programs per head at
+  most the multiprocessor count; one program fits per multiprocessor).
   Non-causal only: under causal the programs' tile ranges differ, and a turn order
   without rotation would keep programs waiting a tile range behind each other.
 
@@ -113,12 +114,16 @@ if AVAILABLE:
     def _add_dq(dq_desc, rows, col, staged, sem_ptr, i, ORDERED: gl.constexpr):
         """One bulk reduce-add of a staged dQ half into the accumulator; ``ORDERED``: in
         its turn on the (tile, half)'s counter (rank i // 2: a tile's adders come one per
-        program, every other step), released once the add has read and written."""
+        program, every other step), the first of them storing instead of adding (so the
+        accumulator needs no zeros), released once the copy has read and written."""
         if ORDERED:
             sem = sem_ptr + (rows // staged.type.shape[0]) * 2 + col // staged.type.shape[1]
             while gl.atomic_add(sem, 0, sem="acquire") != i // 2:
                 pass
-            tma.async_atomic_add(dq_desc, [rows, col], staged)
+            if i // 2 == 0:
+                _tma_store(dq_desc, [rows, col], staged)
+            else:
+                tma.async_atomic_add(dq_desc, [rows, col], staged)
             tma.store_wait(pendings=0, read_only=False)
             _barrier()
             gl.atomic_add(sem, 1, sem="release")
@@ -364,10 +369,15 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     name = form(deterministic)
     gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[q.dtype]
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    acc = torch.zeros((p.B, p.Hq, p.Nq, p.D), dtype=torch.float32, device=q.device)
-    # the ordered forms' turn counters: one per (query tile, head-dim half)
-    sem = torch.zeros(p.B * p.Hq * (p.Nq // BLOCK_M) * 2 if deterministic else 1,
-                      dtype=torch.int32, device=q.device)
+    # dQ's fp32 accumulator: zeros for the adds as they come; the ordered forms' first adder
+    # of each tile stores it, and their turn counters are one per (query tile, head-dim half)
+    if deterministic:
+        acc = torch.empty((p.B, p.Hq, p.Nq, p.D), dtype=torch.float32, device=q.device)
+        sem = torch.zeros(p.B * p.Hq * (p.Nq // BLOCK_M) * 2, dtype=torch.int32,
+                          device=q.device)
+    else:
+        acc = torch.zeros((p.B, p.Hq, p.Nq, p.D), dtype=torch.float32, device=q.device)
+        sem = lse  # not read
 
     def desc(t, rows, cols, dt):
         layout = gl.NVMMASharedLayout.get_default_for([rows, cols], dt)

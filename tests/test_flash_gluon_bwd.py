@@ -160,7 +160,8 @@ def test_every_form_compiles_for_sm90_with_its_partitions_and_bulk_adds(tmp_path
     H200's 227 KiB, spills of at most a few hundred bytes (measured: up to 344 at D 128 under
     causal), the partitions' budgets (240 for the consumers, 24 for the producer and the
     writer) and each program's dQ halves going out as bulk tensor reduce-adds; only the
-    ordered forms wait for a turn (acquire), and the writer forms have a fourth partition."""
+    ordered forms wait for a turn (acquire), and only they store a tile's first dQ half
+    instead of adding it."""
     pytest.importorskip("triton.backends.nvidia.compiler")
     res = compile_for_sm90(_COMPILE, tmp_path, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -181,6 +182,12 @@ def test_every_form_compiles_for_sm90_with_its_partitions_and_bulk_adds(tmp_path
         assert "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add" in text
     # 2 forms x 2 head dims x MHA and GQA
     assert sum("acquire" in text for text in ptx.values()) == 8
+    for text in ptx.values():
+        # dK and dV out by bulk stores (two per consumer); in the ordered forms each add site
+        # has a bulk store beside it (the tile's first adder stores)
+        stores = text.count("cp.async.bulk.tensor.2d.global.shared::cta")
+        adds = text.count("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add")
+        assert stores == 4 + (adds if "acquire" in text else 0), (stores, adds)
 
 
 needs_gluon_bwd = pytest.mark.skipif(
