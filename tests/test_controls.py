@@ -632,3 +632,47 @@ def test_cpu_flash_sdpa_gradients_in_the_input_dtype_are_judged_by_their_member(
     undeclared = _undeclaring(flash.fn, flash.declared)
     bad = check_case(undeclared, case, "cpu", family="full")
     assert bad.status == "fail" and not bad.tensors["dv"].passed, bad.summary()
+
+
+def test_p_normalized_control_scores_its_rows_as_its_backward_does():
+    """The p_normalized control computes each row's scores with the same 16-key products its
+    FA2 backward recomputes them with, bit for bit: a whole-row product summed the head dim
+    in another order under MKL's AVX2 kernels (a controls campaign, seed 47308942: fp32,
+    scores ~900, dv 1.5e-3 relative, 1.06x the bound), a second choice (``bwd_scores_*``)
+    the control does not declare."""
+    from flashcheck.verify.controls import p_normalized
+
+    ctl = p_normalized._PNormalized()
+    seen = {True: [], False: []}
+    scores = ctl._scores
+
+    def recording(*a, **kw):
+        s = scores(*a, **kw)
+        seen[ctl.in_backward].append(s)
+        return s
+
+    ctl._scores = recording
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 60, 72, generator=g).mul(30).requires_grad_()
+               for _ in range(3))
+    ctl(q, k, v).backward(torch.randn(1, 4, 60, 72, generator=g))
+    assert len(seen[False]) == len(seen[True]) == 4  # 60 keys in tiles of 16
+    for fwd, bwd in zip(seen[False], seen[True], strict=True):
+        assert torch.equal(fwd, bwd)
+
+
+def test_p_normalized_control_passes_its_avx2_case():
+    """The case of that campaign, replayed with the arithmetic ``tox -e controls`` pins."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1", "MKL_CBWR": "AVX2",
+           "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+    res = subprocess.run(
+        [sys.executable, "-m", "flashcheck", "repro",
+         str(root / "tests/data/p_normalized_control_fp32_avx2_scores.json"),
+         "--kernel", "flashcheck.verify.controls.p_normalized:attention", "--device", "cpu"],
+        env=env, capture_output=True, text=True, cwd=root, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]

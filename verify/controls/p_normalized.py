@@ -26,7 +26,14 @@ class _PNormalized(BlockedAttention):
     def forward(self, query, key, value, bias, p):
         dtype = query.dtype
         _, kf, vf, allowed = self._gathered(query, key, value, p)
-        s = self._scores(query.float(), kf, allowed, bias, 0, p.Nk, p, dtype)  # whole rows
+        # Whole rows, their scores computed tile by tile as the backward recomputes them:
+        # one product over the row can sum the head dim in another order than the
+        # backward's tiles (MKL picks its kernel by shape: under AVX2, fp32 scores ~900
+        # then differed by ~1e-3 and dV by 1.5e-3 relative), which is another choice
+        # (``bwd_scores_*``), not this control's.
+        qf = query.float()
+        s = torch.cat([self._scores(qf, kf[..., lo:hi, :], allowed, bias, lo, hi, p, dtype)
+                       for lo, hi in self._tiles(p)], dim=-1)
         m = s.amax(dim=-1)
         e = self.exp(s - self.safe_max(m)[..., None])
         l = e.sum(dim=-1)
