@@ -252,14 +252,28 @@ def supported(p: Problem, dtype: torch.dtype, contiguous: bool) -> bool:
             and p.mask is None and _common.gluon_forward(p.D, p.Nk))
 
 
+def tma_ready(*tensors: torch.Tensor) -> bool:
+    """Every tensor contiguous at a 16-byte aligned address: what the bulk tensor copies of
+    this module's kernels (and the backward's, flash_attention_gluon_bwd) read as (rows, D)."""
+    return all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def descriptor(t: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:
+    """A tensor descriptor of ``t`` as a 2-D (rows·…, D) array in blocks of (rows, cols),
+    NVMMA-swizzled for ``t``'s dtype (fp16, bf16 or fp32)."""
+    gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16,
+           torch.float32: gl.float32}[t.dtype]
+    layout = gl.NVMMASharedLayout.get_default_for([rows, cols], gdt)
+    return TensorDescriptor.from_tensor(t.reshape(-1, t.shape[-1]), [rows, cols], layout)
+
+
 def fits(p: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """The call's side of :func:`eligible`: Gluon available and not switched off
     (``_common.set_gluon``), and :func:`supported` on these tensors' dtype, contiguity and
     16-byte alignment. No device query (the sm_90a compile report installs it as
     ``eligible`` on CPU tensors)."""
     return (AVAILABLE and _common.get_gluon() == "auto"
-            and supported(p, q.dtype, all(t.is_contiguous() and t.data_ptr() % 16 == 0
-                                          for t in (q, k, v))))
+            and supported(p, q.dtype, tma_ready(q, k, v)))
 
 
 def eligible(p: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -271,19 +285,15 @@ def eligible(p: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> b
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Problem):
     """(out, lse) as the Triton forward returns them: out (B, Hq, Nq, D) in q's dtype, lse
     (B, Hq, Nq) fp32 in base-2 units. Only for calls :func:`eligible` accepts."""
-    gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[q.dtype]
     out = torch.empty((p.B, p.Hq, p.Nq, p.D), dtype=q.dtype, device=q.device)
     lse = torch.empty((p.B, p.Hq, p.Nq), dtype=torch.float32, device=q.device)
-
-    def desc(t, rows):
-        layout = gl.NVMMASharedLayout.get_default_for([rows, p.D], gdt)
-        return TensorDescriptor.from_tensor(t.reshape(-1, p.D), [rows, p.D], layout)
 
     LAUNCHES[0] += 1
     # (a CPU tensor only under the sm_90a compile check, which launches nothing)
     with _common.device_ctx(q):
         _fwd_kernel[(p.Nq // (2 * BLOCK_M), p.B * p.Hq)](
-            desc(q, BLOCK_M), desc(k, BLOCK_N), desc(v, BLOCK_N), desc(out, BLOCK_M), lse,
+            descriptor(q, BLOCK_M, p.D), descriptor(k, BLOCK_N, p.D),
+            descriptor(v, BLOCK_N, p.D), descriptor(out, BLOCK_M, p.D), lse,
             p.scale * _common.LOG2E, p.Nq, p.Nk, p.Hq, p.group, p.Hkv,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_D=p.D, STAGES=STAGES, CAUSAL=p.has_hi,
             num_warps=4, maxnreg=MAXNREG)

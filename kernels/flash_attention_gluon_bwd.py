@@ -60,7 +60,6 @@ from flashcheck.kernels._common import INTERPRET, Problem
 AVAILABLE = _fwd.AVAILABLE and hasattr(getattr(_fwd, "tma", None), "async_atomic_add")
 if AVAILABLE:  # pragma: no cover - depends on the installed Triton
     from flashcheck.kernels.flash_attention_gluon import (
-        TensorDescriptor,
         _tma_load,
         _tma_store,
         fence_async_shared,
@@ -345,8 +344,7 @@ def fits(p: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
     switched on for this determinism (:func:`form`), and :func:`supported` on these tensors.
     No device query (the sm_90a compile check calls it on CPU tensors)."""
     return (AVAILABLE and form(deterministic) is not None
-            and supported(p, q.dtype, all(t.is_contiguous() and t.data_ptr() % 16 == 0
-                                          for t in (q, k, v, do)), deterministic))
+            and supported(p, q.dtype, _fwd.tma_ready(q, k, v, do), deterministic))
 
 
 def eligible(p: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -367,7 +365,6 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     (both fp32, (B, Hq, N)). Only for calls :func:`fits` accepts (:func:`eligible` on a
     GPU)."""
     name = form(deterministic)
-    gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[q.dtype]
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     # dQ's fp32 accumulator: zeros for the adds as they come; the ordered forms' first adder
     # of each tile stores it, and their turn counters are one per (query tile, head-dim half)
@@ -379,16 +376,13 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         acc = torch.zeros((p.B, p.Hq, p.Nq, p.D), dtype=torch.float32, device=q.device)
         sem = lse  # not read
 
-    def desc(t, rows, cols, dt):
-        layout = gl.NVMMASharedLayout.get_default_for([rows, cols], dt)
-        return TensorDescriptor.from_tensor(t.reshape(-1, p.D), [rows, cols], layout)
-
+    desc = _fwd.descriptor
     LAUNCHES[0] += 1
     with _common.device_ctx(q):
         _bwd_kernel[(p.Nk // (2 * BLOCK_N), p.B * p.Hkv)](
-            desc(q, BLOCK_M, p.D, gdt), desc(k, BLOCK_N, p.D, gdt), desc(v, BLOCK_N, p.D, gdt),
-            desc(do, BLOCK_M, p.D, gdt), desc(dk, BLOCK_N, p.D, gdt),
-            desc(dv, BLOCK_N, p.D, gdt), desc(acc, BLOCK_M, p.D // 2, gl.float32), lse, delta,
+            desc(q, BLOCK_M, p.D), desc(k, BLOCK_N, p.D), desc(v, BLOCK_N, p.D),
+            desc(do, BLOCK_M, p.D), desc(dk, BLOCK_N, p.D), desc(dv, BLOCK_N, p.D),
+            desc(acc, BLOCK_M, p.D // 2), lse, delta,
             sem, p.scale * _common.LOG2E, p.scale, p.Nk, p.group, BLOCK_N=BLOCK_N,
             BLOCK_M=BLOCK_M, HEAD_D=p.D, STAGES=STAGES, CAUSAL=p.has_hi,
             ORDERED=deterministic, WRITER=name.startswith("writer"), num_warps=4,
