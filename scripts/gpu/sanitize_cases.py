@@ -36,21 +36,9 @@ def _ws_probe() -> int:
         gl.store(out_ptr + which * 128 + offs, offs + which * 1000)
 
     @gluon.jit
-    def _part0(out_ptr):
-        _part(out_ptr, 0)
-
-    @gluon.jit
-    def _part1(out_ptr):
-        _part(out_ptr, 1)
-
-    @gluon.jit
-    def _part2(out_ptr):
-        _part(out_ptr, 2)
-
-    @gluon.jit
     def _probe(out_ptr):
-        gl.warp_specialize([(_part0, (out_ptr, )), (_part1, (out_ptr, )),
-                            (_part2, (out_ptr, ))], [4, 1], [240, 24])
+        gl.warp_specialize([(_part, (out_ptr, 0)), (_part, (out_ptr, 1)),
+                            (_part, (out_ptr, 2))], [4, 1], [240, 24])
 
     out = torch.zeros(3 * 128, dtype=torch.int32, device="cuda")
     _probe[(4, )](out, num_warps=4, maxnreg=168)
@@ -100,14 +88,6 @@ def _ws_ring_probe(device: str = "cuda") -> int:
         gl.store(out_ptr + gl.program_id(0) * 2 + C, gl.sum(gl.sum(acc, 1), 0))
 
     @gluon.jit
-    def _consumer0(args):
-        _consumer(args, 0)
-
-    @gluon.jit
-    def _consumer1(args):
-        _consumer(args, 1)
-
-    @gluon.jit
     def _ring_probe(desc, out_ptr, n_tiles):
         ring = gl.allocate_shared_memory(desc.dtype, [2] + desc.block_type.shape, desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -117,7 +97,7 @@ def _ws_ring_probe(device: str = "cuda") -> int:
             mbarrier.init(empty.index(i), count=2)
         row0 = gl.program_id(0) * n_tiles * desc.block_type.shape[0]
         args = (desc, ring, ready, empty, out_ptr, row0, n_tiles)
-        gl.warp_specialize([(_consumer0, (args, )), (_consumer1, (args, )),
+        gl.warp_specialize([(_consumer, (args, 0)), (_consumer, (args, 1)),
                             (_producer, (args, ))], [4, 1], [240, 24])
 
     programs, n_tiles = 264, 256
