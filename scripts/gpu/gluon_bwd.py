@@ -11,7 +11,8 @@ backward (``flash_attention._backward``, deterministic: the Triton kernels) and 
 (``torch.autograd.grad`` through SDPA's cuDNN backend), then the whole ``_backward`` under
 each Gluon form (``_common.gluon_bwd``: "split" and "writer" with ``deterministic=False``;
 their ordered variants with ``deterministic=True``, non-causal): the Triton preprocess, the
-accumulator's zeros, the kernel and dQ's cast, which is what a user's call costs. Each is
+accumulator (zeroed for the adds as they come), the kernel and dQ's cast, which is what a
+user's call costs. Each is
 checked against our Triton backward (largest |difference| per gradient, and its ratio to 4
 units in the last place of the gradient's largest entry), run twice for ``repeats_equal``,
 and counted (``LAUNCHES``: the call took the Gluon path). ``profile``: the GPU kernels of
@@ -40,7 +41,9 @@ from flashcheck.kernels import flash_attention as fa
 from flashcheck.kernels import flash_attention_gluon_bwd as gb
 from flashcheck.kernels.bench import kernel_times
 
-FORMS = (("split", False), ("writer", False), ("split", True), ("writer", True))
+# (name, mode, deterministic): each mode's form as its adds come, then its ordered variant
+FORMS = tuple((mode + ("_ordered" if det else ""), mode, det)
+              for det in (False, True) for mode in gb.FORMS)
 
 
 def _inputs(B, Hq, Hkv, N, D, causal, seed=0):
@@ -64,6 +67,11 @@ def _ulps(got, want) -> dict:
         res[f"{name}_max_abs"] = diff
         res[f"{name}_per_4ulp"] = diff / (4 * 2.0 ** -8 * float(b.float().abs().max()))
     return res
+
+
+def _worst(ulps: dict) -> float:
+    """The largest of :func:`_ulps`'s ratios to 4 units in the last place."""
+    return max(v for k, v in ulps.items() if k.endswith("_per_4ulp"))
 
 
 def _form_call(mode: str, deterministic: bool, args):
@@ -96,8 +104,7 @@ def _on_gpu(out: Path, dims: tuple[int, ...]) -> int:
                 y = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
                 row["cudnn_ms"] = bench(partial(torch.autograd.grad, y, (qg, kg, vg), do,
                                                 retain_graph=True))
-            for mode, det in FORMS:
-                name = mode + ("_ordered" if det else "")
+            for name, mode, det in FORMS:
                 if det and causal:
                     continue  # the ordered forms are non-causal
                 call = _form_call(mode, det, args)
@@ -127,8 +134,7 @@ def table(res: dict) -> str:
             "|---|---|---:|---:|---|---:|---:|---:|---:|---|---:|"]
     lines = []
     for row in res["rows"]:
-        for mode, det in FORMS:
-            name = mode + ("_ordered" if det else "")
+        for name, _, _ in FORMS:
             f = row.get(name)
             if f is None:
                 continue
@@ -137,7 +143,7 @@ def table(res: dict) -> str:
             if "error" in f:
                 lines.append(f"{lead} {f['error']} | | | | | |")
                 continue
-            worst = max(v for k, v in f.items() if k.endswith("_per_4ulp"))
+            worst = _worst(f)
             lines.append(f"{lead} {f['ms']:.2f} | {row['cudnn_ms'] / f['ms']:.3f} | "
                          f"{row['ours_ms'] / f['ms']:.3f} | {worst:.3g} | "
                          f"{'yes' if f['repeats_equal'] else 'no'} | {f['gluon_launches']} |")
@@ -151,16 +157,16 @@ def _check_small() -> int:
             q, k, v, do, o, lse, p = _inputs(1, 2, hkv, 256, 128, causal)
             args = (do, q, k, v, o, lse, p)
             want = fa._backward(*args, True, False)
-            for mode, det in FORMS:
+            for name, mode, det in FORMS:
                 if det and causal:
                     continue  # the ordered forms are non-causal
                 before = gb.LAUNCHES[0]
                 got = _form_call(mode, det, args)()
                 torch.cuda.synchronize()
-                worst = max(v for key, v in _ulps(got, want).items() if key.endswith("4ulp"))
+                worst = _worst(_ulps(got, want))
                 ok = worst <= 1 and gb.LAUNCHES[0] == before + 1
                 bad += not ok
-                print(f"{'ok ' if ok else 'BAD'} {mode} ordered={det} causal={causal} "
+                print(f"{'ok ' if ok else 'BAD'} {name} causal={causal} "
                       f"hkv={hkv}: launches {gb.LAUNCHES[0] - before}, max |diff| / 4 ulps "
                       f"{worst:.3g}", flush=True)
     return 1 if bad else 0
