@@ -100,13 +100,16 @@ def test_backward_hands_an_eligible_call_the_preprocessed_delta(monkeypatch):
     reference of its contract, they match autograd's through SDPA (GQA, causal)."""
     seen = {}
 
-    def kernel(do, q, k, v, lse, delta, p, deterministic):
-        seen.update(delta=delta.clone(), deterministic=deterministic)
-        with torch.enable_grad():  # (called from inside autograd's backward)
+    def reference(q, k, v, do, is_causal, scale=None):  # float64 SDPA's gradients
+        with torch.enable_grad():  # (the stand-in runs inside autograd's backward)
             qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
             out = torch.nn.functional.scaled_dot_product_attention(
-                qd, kd, vd, is_causal=p.is_causal, scale=p.scale, enable_gqa=True)
-            dq, dk, dv = torch.autograd.grad(out, (qd, kd, vd), do.double())
+                qd, kd, vd, is_causal=is_causal, scale=scale, enable_gqa=True)
+            return torch.autograd.grad(out, (qd, kd, vd), do.double())
+
+    def kernel(do, q, k, v, lse, delta, p, deterministic):
+        seen.update(delta=delta.clone(), deterministic=deterministic)
+        dq, dk, dv = reference(q, k, v, do, p.is_causal, p.scale)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
     monkeypatch.setattr(gb, "eligible", lambda *a: True)
@@ -121,11 +124,7 @@ def test_backward_hands_an_eligible_call_the_preprocessed_delta(monkeypatch):
     assert seen["deterministic"] is False
     want_delta = (out.detach().float() * do.float()).sum(-1)
     assert torch.allclose(seen["delta"], want_delta, rtol=1e-5, atol=1e-5)
-    qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
-    ref = torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, is_causal=True,
-                                                           enable_gqa=True)
-    want = torch.autograd.grad(ref, (qd, kd, vd), do.double())
-    for got, w in zip((qg.grad, kg.grad, vg.grad), want, strict=True):
+    for got, w in zip((qg.grad, kg.grad, vg.grad), reference(q, k, v, do, True), strict=True):
         # the stand-in's own result, rounded to fp16 once
         assert torch.allclose(got.double(), w, rtol=2 ** -10, atol=2 ** -14)
 
