@@ -19,17 +19,24 @@ keys of one batch and kv head:
   program. dQ's tile, scaled, is staged in shared memory and added by one bulk reduce-add;
 - "writer" forms: the adds come from a warp of their own (``_writer``), fed by a two-slot
   staging ring per warpgroup, so that the consumers never wait on them;
-- "ordered" forms (the deterministic class): the adds in a fixed order. The programs visit
-  the query tiles rotated by their first key, and a counter per (query tile, head-dim
-  half) gives each program its turn: the tile's previous adder is the next program, two
-  steps earlier; the first adder stores the tile, so the accumulator needs no zeros (under
-  GQA the same per query head: a program takes the group's heads in turn, each head's
-  tiles in the same rotated order, with counters of their own). Bitwise repeatable, on
-  the condition that every program of a batch and kv head can be resident at once (the
-  turns wait on the next program: :func:`eligible` requires N/128 programs per head at
-  most the multiprocessor count; one program fits per multiprocessor).
-  Non-causal only: under causal the programs' tile ranges differ, and a turn order
-  without rotation would keep programs waiting a tile range behind each other.
+- "ordered" forms (the deterministic class): the adds in a fixed order. A counter per
+  (query tile, head-dim half) gives each program its turn: at its step i a program adds
+  when the counter reads i // 2, so a tile's previous adder is the program with the next
+  128 keys, which visited it two steps earlier; the first adder stores the tile, so the
+  accumulator needs no zeros (under GQA the same per query head: a program takes the
+  group's heads in turn, each head's tiles in the same order, with counters of their own).
+  Each program takes its (keys, head) from a ticket (an atomic counter read once at its
+  start), so a program only ever waits on programs that started before it, whatever order
+  the hardware launches them in. Under causal, program p visits query tiles 2p, 2p+1, ...
+  (the rows that see its keys): tile T's adders are programs T//2, T//2 - 1, ..., 0, a
+  chain without cycles, and the tickets hand out a head's programs last keys first, so the
+  turns finish even one program at a time. Non-causal, the programs visit all tiles
+  rotated by their first key (tile (2p + i) mod N/64 at step i), so that no two programs
+  are on one tile at one step; the order is cyclic, and the turns finish on the condition
+  that every program of a head can be resident at once (the tickets hand out a head's
+  programs together; :func:`eligible` requires N/128 programs per head at most the
+  multiprocessor count; one program fits per multiprocessor). Bitwise repeatable: the
+  order depends on the program's (keys, head), not on which hardware block computes it.
 
 The arithmetic of the Triton backward: P and dS rounded to the input dtype before their
 products, fp32 accumulators, base-2 lse, dK scaled once at the end; dQ's tiles are scaled
@@ -39,11 +46,12 @@ rowsum(dO ∘ O) is the Triton preprocess kernel's, computed by the caller.
 Where it runs (:func:`eligible`): CUDA sm_90, a Triton whose Gluon has the bulk reduce-add
 (3.9; not 3.6), float16/bfloat16, head dim 64 or 128, Nq = Nk a multiple of 128, Q, K, V and
 dO contiguous (B, H, N, D) at 16-byte aligned addresses, no mask, no band but the causal one
-(top-left), GQA included (dK/dV in one fp32 accumulator over the group); the ordered forms
-non-causal only. ``_common.set_gluon_bwd`` (``FLASHCHECK_GLUON_BWD``) chooses the
-form: "off" (the default until its H200 campaign has passed: docs/kernel.md), "split" or
-"writer": calls with ``deterministic=False`` take the form as its adds come, deterministic
-calls its ordered variant where that applies; everything else takes the Triton kernels.
+(top-left), GQA included (dK/dV in one fp32 accumulator over the group); the non-causal
+ordered forms N/128 at most the multiprocessor count. ``_common.set_gluon_bwd``
+(``FLASHCHECK_GLUON_BWD``) chooses the form: "off" (the default until its H200 campaign has
+passed: docs/kernel.md), "split" or "writer": calls with ``deterministic=False`` take the
+form as its adds come, deterministic calls its ordered variant; everything else takes the
+Triton kernels.
 Not run by the CPU interpreter (Gluon has none); ``tests/test_flash_gluon_bwd.py``
 compiles every form for sm_90a without a GPU.
 """
@@ -245,15 +253,26 @@ if AVAILABLE:
 
     @gluon.jit
     def _bwd_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, lse_ptr,
-                    delta_ptr, sem_ptr, qk_scale, sm_scale, N_CTX, GROUP,
+                    delta_ptr, sem_ptr, ticket_ptr, qk_scale, sm_scale, N_CTX, GROUP,
                     BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr,
                     STAGES: gl.constexpr, CAUSAL: gl.constexpr, ORDERED: gl.constexpr,
                     WRITER: gl.constexpr):
         """One program per (128 keys, batch x kv head); under GQA dK/dV accumulate over the
         group's query heads in one fp32 accumulator."""
         dtype: gl.constexpr = q_desc.dtype
-        pid_n = gl.program_id(0)
-        bh = gl.program_id(1)
+        if ORDERED:
+            # the program's (keys, head) from its ticket: programs that wait on others take
+            # theirs after them (the module docstring); a head's programs consecutively,
+            # under causal last keys first (each waits on the one with the next keys)
+            n_prog = N_CTX // (2 * BLOCK_N)
+            ticket = gl.atomic_add(ticket_ptr, 1)
+            bh = ticket // n_prog
+            pid_n = ticket % n_prog
+            if CAUSAL:
+                pid_n = n_prog - 1 - pid_n
+        else:
+            pid_n = gl.program_id(0)
+            bh = gl.program_id(1)
         row0 = bh * N_CTX  # K, V, dK, dV rows
         q_row0 = bh * GROUP * N_CTX  # the group's first query head's rows
         start_n = pid_n * (2 * BLOCK_N)
@@ -262,7 +281,7 @@ if AVAILABLE:
         else:
             m_lo = 0
         n_qtiles = (N_CTX - m_lo) // BLOCK_M
-        if ORDERED:
+        if ORDERED and not CAUSAL:
             rot = start_n  # the programs visit the query tiles rotated by their first key
         else:
             rot = 0
@@ -317,15 +336,14 @@ if AVAILABLE:
                                 (_loads, loads)], [4, 1], [240, 24])
 
 
-def supported(p: Problem, dtype: torch.dtype, contiguous: bool, ordered: bool) -> bool:
-    """Whether the problem is one this kernel computes (the device aside; ``contiguous``:
-    Q, K, V and dO contiguous and 16-byte aligned; ``ordered``: the deterministic forms,
-    non-causal). Pure: no device query, so the CPU suite tests it."""
+def supported(p: Problem, dtype: torch.dtype, contiguous: bool) -> bool:
+    """Whether the problem is one this kernel computes, in every form (the device aside;
+    ``contiguous``: Q, K, V and dO contiguous and 16-byte aligned). Pure: no device query,
+    so the CPU suite tests it."""
     rows_ok = p.Nq == p.Nk and p.Nq > 0 and p.Nq % (2 * BLOCK_N) == 0
     band_ok = not p.has_lo and (not p.has_hi or p.hi_off == 0)
-    ordered_ok = not ordered or not p.has_hi
     return (dtype in (torch.float16, torch.bfloat16) and p.D in (64, 128) and contiguous
-            and rows_ok and band_ok and ordered_ok and p.mask is None)
+            and rows_ok and band_ok and p.mask is None)
 
 
 def form(deterministic: bool) -> str | None:
@@ -344,19 +362,21 @@ def fits(p: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
     switched on for this determinism (:func:`form`), and :func:`supported` on these tensors.
     No device query (the sm_90a compile check calls it on CPU tensors)."""
     return (AVAILABLE and form(deterministic) is not None
-            and supported(p, q.dtype, _fwd.tma_ready(q, k, v, do), deterministic))
+            and supported(p, q.dtype, _fwd.tma_ready(q, k, v, do)))
 
 
 def eligible(p: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              do: torch.Tensor, deterministic: bool) -> bool:
     """Whether this call's backward runs here: :func:`fits`, on an sm_90 GPU, outside the
-    interpreter; the ordered forms also need every program of a head resident at once
-    (N/128 at most the multiprocessor count, one program per multiprocessor: their turns
-    wait on the next program, which must not be left unscheduled behind waiting ones)."""
+    interpreter; the non-causal ordered forms also need every program of a head resident
+    at once (N/128 at most the multiprocessor count, one program per multiprocessor: their
+    turns are cyclic over a head's programs). The causal ones need nothing more (their turns
+    are a chain, handed out in its order)."""
     if INTERPRET or not q.is_cuda or not fits(p, q, k, v, do, deterministic) \
             or not _fwd._sm90(q.device):
         return False
-    return not deterministic or p.Nk // (2 * BLOCK_N) <= _common.sm_count(q.device)
+    return (not deterministic or p.has_hi
+            or p.Nk // (2 * BLOCK_N) <= _common.sm_count(q.device))
 
 
 def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -367,14 +387,16 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     name = form(deterministic)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     # dQ's fp32 accumulator: zeros for the adds as they come; the ordered forms' first adder
-    # of each tile stores it, and their turn counters are one per (query tile, head-dim half)
+    # of each tile stores it, and their turn counters are one per (query tile, head-dim half),
+    # followed by the programs' ticket counter
     if deterministic:
         acc = torch.empty((p.B, p.Hq, p.Nq, p.D), dtype=torch.float32, device=q.device)
-        sem = torch.zeros(p.B * p.Hq * (p.Nq // BLOCK_M) * 2, dtype=torch.int32,
-                          device=q.device)
+        turns = p.B * p.Hq * (p.Nq // BLOCK_M) * 2
+        sem = torch.zeros(turns + 1, dtype=torch.int32, device=q.device)
+        ticket = sem[turns:]
     else:
         acc = torch.zeros((p.B, p.Hq, p.Nq, p.D), dtype=torch.float32, device=q.device)
-        sem = lse  # not read
+        sem = ticket = lse  # not read
 
     desc = _fwd.descriptor
     LAUNCHES[0] += 1
@@ -383,7 +405,7 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
             desc(q, BLOCK_M, p.D), desc(k, BLOCK_N, p.D), desc(v, BLOCK_N, p.D),
             desc(do, BLOCK_M, p.D), desc(dk, BLOCK_N, p.D), desc(dv, BLOCK_N, p.D),
             desc(acc, BLOCK_M, p.D // 2), lse, delta,
-            sem, p.scale * _common.LOG2E, p.scale, p.Nk, p.group, BLOCK_N=BLOCK_N,
+            sem, ticket, p.scale * _common.LOG2E, p.scale, p.Nk, p.group, BLOCK_N=BLOCK_N,
             BLOCK_M=BLOCK_M, HEAD_D=p.D, STAGES=STAGES, CAUSAL=p.has_hi,
             ORDERED=deterministic, WRITER=name.startswith("writer"), num_warps=4,
             maxnreg=MAXNREG)

@@ -33,27 +33,26 @@ ROOT = Path(__file__).resolve().parent.parent
 SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
-@pytest.mark.parametrize("kw, dtype, contiguous, ordered, want", [
-    (dict(), torch.bfloat16, True, False, True),
-    (dict(causal=True), torch.float16, True, False, True),
-    (dict(D=64, Hq=8, Hkv=1), torch.bfloat16, True, False, True),  # MQA: the group loop
-    (dict(Hq=2, Hkv=2), torch.bfloat16, True, True, True),  # ordered: non-causal
-    (dict(), torch.bfloat16, True, True, True),  # ordered under GQA: per query head
-    (dict(causal=True, Hq=2, Hkv=2), torch.bfloat16, True, True, False),  # ordered, causal
-    (dict(), torch.float32, True, False, False),
-    (dict(D=96), torch.bfloat16, True, False, False),
-    (dict(D=256), torch.bfloat16, True, False, False),
-    (dict(Nq=1024, Nk=2048), torch.bfloat16, True, False, False),  # Nq != Nk
-    (dict(Nq=1152, Nk=1152), torch.bfloat16, True, False, True),  # 9 x 128
-    (dict(Nq=1000, Nk=1000), torch.bfloat16, True, False, False),
-    (dict(Nq=64, Nk=64), torch.bfloat16, True, False, False),  # below one program's keys
-    (dict(causal=True, hi_off=24), torch.bfloat16, True, False, False),  # another band
-    (dict(has_lo=True), torch.bfloat16, True, False, False),  # a window's lower edge
-    (dict(mask=torch.ones(1, dtype=torch.bool)), torch.bfloat16, True, False, False),
-    (dict(), torch.bfloat16, False, False, False),  # not contiguous (B, H, N, D)
+@pytest.mark.parametrize("kw, dtype, contiguous, want", [
+    (dict(), torch.bfloat16, True, True),
+    (dict(causal=True), torch.float16, True, True),
+    (dict(D=64, Hq=8, Hkv=1), torch.bfloat16, True, True),  # MQA: the group loop
+    (dict(causal=True, Hq=2, Hkv=2), torch.bfloat16, True, True),  # MHA, causal
+    (dict(), torch.float32, True, False),
+    (dict(D=96), torch.bfloat16, True, False),
+    (dict(D=256), torch.bfloat16, True, False),
+    (dict(Nq=1024, Nk=2048), torch.bfloat16, True, False),  # Nq != Nk
+    (dict(Nq=1152, Nk=1152), torch.bfloat16, True, True),  # 9 x 128
+    (dict(Nq=1000, Nk=1000), torch.bfloat16, True, False),
+    (dict(Nq=64, Nk=64), torch.bfloat16, True, False),  # below one program's keys
+    (dict(causal=True, hi_off=24), torch.bfloat16, True, False),  # another band
+    (dict(has_lo=True), torch.bfloat16, True, False),  # a window's lower edge
+    (dict(mask=torch.ones(1, dtype=torch.bool)), torch.bfloat16, True, False),
+    (dict(), torch.bfloat16, False, False),  # not contiguous (B, H, N, D)
 ])
-def test_supported_takes_exactly_its_problems(kw, dtype, contiguous, ordered, want):
-    assert gb.supported(_problem(**kw), dtype, contiguous, ordered) is want
+def test_supported_takes_exactly_its_problems(kw, dtype, contiguous, want):
+    """Every form, the ordered ones included, takes the same problems."""
+    assert gb.supported(_problem(**kw), dtype, contiguous) is want
 
 
 def test_the_switch_chooses_the_form_and_names_its_values():
@@ -84,8 +83,8 @@ def test_fits_is_the_calls_side_without_a_device_query():
     assert not gb.fits(p, q, k, k, q, False)  # off by default
     with _common.gluon_bwd("split"):
         assert gb.fits(p, q, k, k, q, False) and not gb.eligible(p, q, k, k, q, False)
-        assert gb.fits(p, q, k, k, q, True)  # the ordered form (GQA, non-causal)
-        assert not gb.fits(_problem(causal=True), q, k, k, q, True)  # not under causal
+        assert gb.fits(p, q, k, k, q, True)  # the ordered form (GQA), non-causal and causal
+        assert gb.fits(_problem(causal=True), q, k, k, q, True)
         expanded = torch.zeros(1, dtype=torch.float16).expand_as(q)  # dO of a .sum()
         assert not gb.fits(p, q, k, k, expanded, False)
         shifted = torch.zeros(q.numel() + 1, dtype=torch.float16)[1:].view(q.shape)
@@ -139,7 +138,7 @@ comp.only = "_bwd_kernel"
 for mode in ("split", "writer"):
     for D in (128, 64):
         for causal, det, hkv in ((False, False, 2), (True, False, 1), (False, True, 2),
-                                 (False, True, 1)):
+                                 (False, True, 1), (True, True, 2)):
             q = torch.empty(1, 2, 1024, D, dtype=torch.bfloat16)
             kv = torch.empty(1, hkv, 1024, D, dtype=torch.bfloat16)
             r = torch.empty(1, 2, 1024)
@@ -159,28 +158,32 @@ def test_every_form_compiles_for_sm90_with_its_partitions_and_bulk_adds(tmp_path
     H200's 227 KiB, spills of at most a few hundred bytes (measured: up to 344 at D 128 under
     causal), the partitions' budgets (240 for the consumers, 24 for the producer and the
     writer) and each program's dQ halves going out as bulk tensor reduce-adds; only the
-    ordered forms wait for a turn (acquire), and only they store a tile's first dQ half
-    instead of adding it."""
+    ordered forms take a ticket and wait for a turn (acquire), and only they store a tile's
+    first dQ half instead of adding it."""
     pytest.importorskip("triton.backends.nvidia.compiler")
     res = compile_for_sm90(_COMPILE, tmp_path, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     recs = json.loads(res.stdout.strip().splitlines()[-1])
     if recs == "no-bulk":
         pytest.skip("this Triton's Gluon has no bulk tensor reduce-add (tma.async_atomic_add)")
-    assert len(recs) == 16 and {r["kernel"] for r in recs} == {"_bwd_kernel"}
+    assert len(recs) == 20 and {r["kernel"] for r in recs} == {"_bwd_kernel"}
     for r in recs:
         assert r["registers"] == gb.MAXNREG and r["spill_store_bytes"] <= 512, r
         assert r["shared_bytes"] <= 227 * 1024, r
         if "D=64" in r["launch"]:
             assert r["spill_store_bytes"] == 0, r
     ptx = {p.name: p.read_text() for p in tmp_path.glob("*.ptx")}
-    assert len(ptx) == 16
+    assert len(ptx) == 20
     for text in ptx.values():
         assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", text)
         assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", text)
         assert "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add" in text
-    # 2 forms x 2 head dims x MHA and GQA
-    assert sum("acquire" in text for text in ptx.values()) == 8
+    # the ordered forms (2 forms x 2 head dims x non-causal MHA and GQA, causal GQA) wait for
+    # turns, and only they take a ticket
+    ordered = [text for text in ptx.values() if "acquire" in text]
+    assert len(ordered) == 12
+    assert sum("atom.global.gpu.acq_rel.add" in text for text in ptx.values()) == 12
+    assert all("atom.global.gpu.acq_rel.add" in text for text in ordered)
     for text in ptx.values():
         # dK and dV out by bulk stores (two per consumer); in the ordered forms each add site
         # has a bulk store beside it (the tile's first adder stores)
@@ -221,12 +224,19 @@ def _grads(q, k, v, do, deterministic, **kw):
     ((2, 4, 4, 1024, 128, torch.bfloat16), dict(), True),
     ((1, 2, 2, 768, 64, torch.float16), dict(scale=0.2), True),
     ((2, 8, 2, 512, 128, torch.bfloat16), dict(enable_gqa=True), True),
+    ((2, 4, 4, 1024, 128, torch.bfloat16), dict(is_causal=True), True),
+    ((1, 4, 1, 384, 64, torch.float16), dict(is_causal=True, enable_gqa=True, scale=0.3),
+     True),
+    # causal, the ordered forms need no bound on N: 160 programs per head, more than any
+    # sm_90 GPU's multiprocessors (132 on the H200)
+    ((1, 2, 1, 20480, 64, torch.bfloat16), dict(is_causal=True, enable_gqa=True), True),
 ])
 def test_gluon_backward_gives_the_triton_backward_gradients(mode, shape, kw, deterministic):
     """dQ, dK, dV within 4 units in the last place of the dtype at each tensor's largest
     entry of the Triton backward's (the same rounding of P and dS to the input dtype; the
     fp32 sums in another order, dQ's tiles scaled before their adds); the ordered forms
-    give the same bits twice."""
+    give the same bits twice (causal too, with more programs per head than multiprocessors:
+    their turns are a chain handed out by tickets in its order)."""
     B, Hq, Hkv, N, D, dtype = shape
     q, k, v, do = _qkv(B, Hq, Hkv, N, D, dtype)
     want = _grads(q, k, v, do, True, **kw)
@@ -246,9 +256,11 @@ def test_gluon_backward_gives_the_triton_backward_gradients(mode, shape, kw, det
 @pytest.mark.gpu
 @pytest.mark.parametrize("kw", [
     dict(attn_mask=True), dict(window=(8, 0)), dict(N=1000), dict(dtype=torch.float32),
-    dict(deterministic=True, is_causal=True)])
+    dict(deterministic=True, N="more programs per head than multiprocessors")])
 def test_calls_outside_its_domain_take_the_triton_backward(kw):
     N = kw.get("N", 256)
+    if isinstance(N, str):  # the non-causal ordered forms' bound (eligible)
+        N = 128 * (_common.sm_count(torch.device("cuda")) + 1)
     q, k, v, do = _qkv(1, 2, 2, N, 128, kw.get("dtype", torch.bfloat16))
     mask = torch.ones(N, N, dtype=torch.bool, device="cuda") if kw.get("attn_mask") else None
     before = gb.LAUNCHES[0]
@@ -293,45 +305,64 @@ def test_the_campaign_entries_fail_a_call_that_left_the_gluon_backward(monkeypat
         assert q.grad is not None and not q.grad.any()
 
 
-def _turns(n_ctx: int, resident: int, group: int = 1) -> bool:
-    """The ordered forms' turns, modelled: program p (first key 128p) takes the group's query
-    heads in turn and visits each head's query tiles from its own (tile (64i + 128p) mod N
-    at step i), adding when that head's tile counter reads i // 2; programs are dispatched
-    in order onto ``resident`` slots. True if every add happens (each counter value taken
-    once), False on a deadlock."""
+def _turns(n_ctx: int, resident: int, group: int = 1, causal: bool = False,
+           heads: int = 2, last_keys_first: bool = True) -> bool:
+    """The ordered forms' turns, modelled: ``heads`` kv heads of N/128 programs each, run on
+    ``resident`` slots; a program takes the next ticket as it starts (ticket t: head t // P,
+    program p = t % P, under causal P - 1 - p when ``last_keys_first``, as the kernel
+    does). Program p (first key 128p) takes the group's query heads in turn and visits
+    each head's query tiles: non-causal tile (2p + i) mod N/64 at step i, causal tile 2p + i
+    (the rows that see its keys); it adds when that tile's counter reads i // 2. True if
+    every add happens (each counter value taken once, every tile by all the programs whose
+    keys it sees), False on a deadlock."""
     P, Q = n_ctx // (2 * gb.BLOCK_N), n_ctx // gb.BLOCK_M
-    counters = [0] * (group * Q)
-    step = dict.fromkeys(range(min(P, resident)), 0)  # resident program -> its next step
-    nxt = len(step)
-    while step:
+    counters = [0] * (heads * group * Q)
+    step: dict[int, int] = {}  # running ticket -> its next step
+    taken = 0
+
+    def program(t):
+        h, p = divmod(t, P)
+        return h, (P - 1 - p if causal and last_keys_first else p)
+
+    def tiles(p):
+        return Q - 2 * p if causal else Q
+
+    while taken < heads * P or step:
+        while len(step) < resident and taken < heads * P:
+            step[taken], taken = 0, taken + 1
         moved = False
-        for p in list(step):
-            g, i = divmod(step[p], Q)
-            t = g * Q + (i * gb.BLOCK_M + p * 2 * gb.BLOCK_N) % n_ctx // gb.BLOCK_M
-            if counters[t] == i // 2:
-                counters[t] += 1
-                step[p] += 1
+        for t in list(step):
+            h, p = program(t)
+            g, i = divmod(step[t], tiles(p))
+            tile = (2 * p + i) if causal else (2 * p + i) % Q
+            c = (h * group + g) * Q + tile
+            if counters[c] == i // 2:
+                counters[c] += 1
+                step[t] += 1
                 moved = True
-                if step[p] == group * Q:
-                    del step[p]
-                    if nxt < P:
-                        step[nxt], nxt = 0, nxt + 1
+                if step[t] == group * tiles(p):
+                    del step[t]
         if not moved:
             return False
-    assert counters == [P] * (group * Q)
+    assert counters == [min(P, T // 2 + 1) if causal else P for T in range(Q)] * (heads * group)
     return True
 
 
 @pytest.mark.parametrize("n_ctx", [256, 1024, 4096])
-def test_ordered_turns_finish_when_a_heads_programs_fit_at_once(n_ctx):
-    """What ``eligible``'s bound on the ordered forms rests on: each tile's counter is
-    taken by the programs one at a time (per query head under GQA), and the turns finish
-    when a head's N/128 programs can all be resident, but deadlock when they cannot (a
-    program waits on the next one)."""
+def test_ordered_turns_finish_where_eligible_lets_them_run(n_ctx):
+    """What ``eligible`` rests on. Non-causal, each tile's counter is taken by the programs
+    of its head one at a time in a cycle: the turns finish when a head's N/128 programs can
+    all be resident, and deadlock when they cannot (hence the bound on N/128). Causal, the
+    turns are a chain (a tile's adders, last keys first), handed out by the tickets in its
+    order: they finish one program at a time, and would deadlock on a GPU with fewer slots
+    than a head's programs if the tickets went first keys first."""
     P = n_ctx // (2 * gb.BLOCK_N)
     for group in (1, 4):  # MHA; a GQA group of four query heads per program
         assert _turns(n_ctx, P, group) and _turns(n_ctx, P + 5, group)
         assert not _turns(n_ctx, P - 1, group)
+        assert _turns(n_ctx, 1, group, causal=True) and _turns(n_ctx, P + 5, group, causal=True)
+        assert _turns(n_ctx, P, group, causal=True, last_keys_first=False)
+        assert not _turns(n_ctx, P - 1, group, causal=True, last_keys_first=False)
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -10,14 +10,14 @@ Per head dim and causal or not (bf16, B = H = 16, N = 4096, the bench's shape): 
 backward (``flash_attention._backward``, deterministic: the Triton kernels) and cuDNN's
 (``torch.autograd.grad`` through SDPA's cuDNN backend), then the whole ``_backward`` under
 each Gluon form (``_common.gluon_bwd``: "split" and "writer" with ``deterministic=False``;
-their ordered variants with ``deterministic=True``, non-causal): the Triton preprocess, the
-accumulator (zeroed for the adds as they come), the kernel and dQ's cast, which is what a
-user's call costs. Each is
-checked against our Triton backward (largest |difference| per gradient, and its ratio to 4
-units in the last place of the gradient's largest entry), run twice for ``repeats_equal``,
-and counted (``LAUNCHES``: the call took the Gluon path). ``profile``: the GPU kernels of
-five calls of each backward by name (torch.profiler), so that a whole call's time can be
-read against its kernels'. Medians of ``triton.testing.do_bench`` (ms).
+their ordered variants with ``deterministic=True``, causal included): the Triton
+preprocess, the accumulator (zeroed for the adds as they come), the kernel and dQ's cast,
+which is what a user's call costs. Each is checked against our Triton backward (largest
+|difference| per gradient, and its ratio to 4 units in the last place of the gradient's
+largest entry), run twice for ``repeats_equal``, and counted (``LAUNCHES``: the call took
+the Gluon path). ``profile``: the GPU kernels of five calls of each backward by name
+(torch.profiler), so that a whole call's time can be read against its kernels'. Medians of
+``triton.testing.do_bench`` (ms).
 
 ``--check-small``: every form once at a small shape (B 1, H 2, Hkv 2/1, N 256, D 128,
 causal and not) against our backward, no timing: for compute-sanitizer's racecheck,
@@ -105,8 +105,6 @@ def _on_gpu(out: Path, dims: tuple[int, ...]) -> int:
                 row["cudnn_ms"] = bench(partial(torch.autograd.grad, y, (qg, kg, vg), do,
                                                 retain_graph=True))
             for name, mode, det in FORMS:
-                if det and causal:
-                    continue  # the ordered forms are non-causal
                 call = _form_call(mode, det, args)
                 try:
                     before = gb.LAUNCHES[0]
@@ -158,8 +156,6 @@ def _check_small() -> int:
             args = (do, q, k, v, o, lse, p)
             want = fa._backward(*args, True, False)
             for name, mode, det in FORMS:
-                if det and causal:
-                    continue  # the ordered forms are non-causal
                 before = gb.LAUNCHES[0]
                 got = _form_call(mode, det, args)()
                 torch.cuda.synchronize()

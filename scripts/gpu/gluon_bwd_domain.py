@@ -11,7 +11,7 @@ ordered form), with capabilities narrowed (docs/contracts.md section 2) to the c
 ``kernels.flash_attention_gluon_bwd.eligible`` accepts: float16/bfloat16, head dim 64 or
 128, Nq = Nk a multiple of 128 (at most 2048, so that the float64 oracles stay quick),
 contiguous layout, no mask, no window, causal or not, GQA (dK/dV in one fp32 accumulator
-over the group); the ordered entry non-causal (``supports``). The forward is the
+over the group; both entries, the ordered one under causal too). The forward is the
 package's (the Gluon forward where it applies). The form is the environment's
 ``FLASHCHECK_GLUON_BWD`` ("split" when unset or "off": importing this module switches it
 on). Every backward checks that it ran the Gluon kernel once: one that left it raises
@@ -77,10 +77,6 @@ def attention_ordered(query, key, value, attn_mask=None, dropout_p=0.0, is_causa
                 enable_gqa, window, causal_alignment)
 
 
-def _ordered_supports(case) -> str | None:
-    return "the ordered forms are non-causal" if case.is_causal else None
-
-
 _DOMAIN = {
     **fa.capabilities(),
     "dtypes": ("float16", "bfloat16"),
@@ -95,4 +91,4 @@ _DOMAIN = {
     "not_run": {},
 }
 attention.capabilities = {**_DOMAIN, "deterministic_backward": False}
-attention_ordered.capabilities = {**_DOMAIN, "supports": _ordered_supports}
+attention_ordered.capabilities = dict(_DOMAIN)
