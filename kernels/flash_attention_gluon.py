@@ -238,8 +238,10 @@ if AVAILABLE:
                             (_loads, (args, ))], [4, 1], [240, 24])
 
 
-def _sm90(device: torch.device) -> bool:
-    return torch.cuda.get_device_capability(device) == (9, 0)
+def on_sm90(t: torch.Tensor) -> bool:
+    """``t`` on an sm_90 GPU, outside the interpreter: where this module's kernels (and the
+    backward's, flash_attention_gluon_bwd) run."""
+    return not INTERPRET and t.is_cuda and torch.cuda.get_device_capability(t.device) == (9, 0)
 
 
 def supported(p: Problem, dtype: torch.dtype, contiguous: bool) -> bool:
@@ -279,7 +281,7 @@ def fits(p: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 def eligible(p: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether the forward of this call runs here: :func:`fits`, on an sm_90 GPU, outside
     the interpreter."""
-    return not INTERPRET and q.is_cuda and fits(p, q, k, v) and _sm90(q.device)
+    return fits(p, q, k, v) and on_sm90(q)
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Problem):

@@ -61,7 +61,7 @@ from __future__ import annotations
 import torch
 from flashcheck.kernels import _common
 from flashcheck.kernels import flash_attention_gluon as _fwd
-from flashcheck.kernels._common import INTERPRET, Problem
+from flashcheck.kernels._common import Problem
 
 # Gluon's names as the forward imports them; the bulk tensor reduce-add is Triton 3.9's (3.6's
 # Gluon has none).
@@ -372,8 +372,7 @@ def eligible(p: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     at once (N/128 at most the multiprocessor count, one program per multiprocessor: their
     turns are cyclic over a head's programs). The causal ones need nothing more (their turns
     are a chain, handed out in its order)."""
-    if INTERPRET or not q.is_cuda or not fits(p, q, k, v, do, deterministic) \
-            or not _fwd._sm90(q.device):
+    if not fits(p, q, k, v, do, deterministic) or not _fwd.on_sm90(q):
         return False
     return (not deterministic or p.has_hi
             or p.Nk // (2 * BLOCK_N) <= _common.sm_count(q.device))
