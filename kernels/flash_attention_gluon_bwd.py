@@ -25,6 +25,9 @@ keys of one batch and kv head:
   128 keys, which visited it two steps earlier; the first adder stores the tile, so the
   accumulator needs no zeros (under GQA the same per query head: a program takes the
   group's heads in turn, each head's tiles in the same order, with counters of their own).
+  A program hands a tile's turn over once its copies have written, after it has issued
+  the next tile's, so that waiting for the writes is off the path of the next copy (the
+  writer forms take one turn per tile for both halves, the split forms one per half).
   Each program takes its (keys, head) from a ticket (an atomic counter read once at its
   start), so a program only ever waits on programs that started before it, whatever order
   the hardware launches them in. Under causal, program p visits query tiles 2p, 2p+1, ...
@@ -118,41 +121,69 @@ if AVAILABLE:
             _tma_load(do_desc, [m, 0], q_ready.index(slot), do_smem.index(slot))
 
     @gluon.jit
-    def _add_dq(dq_desc, rows, col, staged, sem_ptr, i, ORDERED: gl.constexpr):
-        """One bulk reduce-add of a staged dQ half into the accumulator; ``ORDERED``: in
-        its turn on the (tile, half)'s counter (rank i // 2: a tile's adders come one per
-        program, every other step), the first of them storing instead of adding (so the
-        accumulator needs no zeros), released once the copy has read and written."""
-        if ORDERED:
-            sem = sem_ptr + (rows // staged.type.shape[0]) * 2 + col // staged.type.shape[1]
-            while gl.atomic_add(sem, 0, sem="acquire") != i // 2:
-                pass
-            if i // 2 == 0:
-                _tma_store(dq_desc, [rows, col], staged)
-            else:
-                tma.async_atomic_add(dq_desc, [rows, col], staged)
-            tma.store_wait(pendings=0, read_only=False)
-            _barrier()
-            gl.atomic_add(sem, 1, sem="release")
+    def _turn(sem, rank):
+        """The ordered forms: wait until the counter reads ``rank`` (acquire). At its step
+        i a program's rank on its tile is i // 2 (a tile's adders come one per program,
+        every other step)."""
+        while gl.atomic_add(sem, 0, sem="acquire") != rank:
+            pass
+
+    @gluon.jit
+    def _put(dq_desc, rows, col, staged, first):
+        """A staged dQ half into the accumulator by one bulk copy: a store from the tile's
+        first adder of an ordered form (so the accumulator needs no zeros), else a
+        reduce-add."""
+        if first:
+            _tma_store(dq_desc, [rows, col], staged)
         else:
             tma.async_atomic_add(dq_desc, [rows, col], staged)
+
+    @gluon.jit
+    def _hand_over(sem, PENDING: gl.constexpr):
+        """The ordered forms: once every bulk copy of this thread but the last ``PENDING``
+        has written, the counter's next turn (release). The turn of a tile is handed over
+        after the next tile's copies are issued, so that the wait for a copy's writes is
+        off the path of the next one; the turns stay free of cycles (a program waits on a
+        hand-over of an earlier step of the program with the next keys)."""
+        tma.store_wait(pendings=PENDING, read_only=False)
+        _barrier()
+        gl.atomic_add(sem, 1, sem="release")
 
     @gluon.jit
     def _writer(dq_desc, sem_ptr, dq_smem, dq_full, dq_free, q_row0, m_lo, n_qtiles, n_ctx,
                 n_group, rot, ORDERED: gl.constexpr):
         """The writer forms' adding warp: the consumers' staged dQ halves tile by tile (half
-        0, then 1), each slot handed back once its add has read it."""
+        0, then 1), each slot handed back once its copy has read it. Ordered, one turn per
+        tile for both halves (the tile's half-0 counter), waited for before the halves are
+        staged and handed over after the next tile's copies are issued."""
         BM: gl.constexpr = dq_smem.type.shape[1]
         HH: gl.constexpr = dq_smem.type.shape[2]
+        prev = sem_ptr
         for j in range(n_group * n_qtiles):
             i = j % n_qtiles
             m = q_row0 + (j // n_qtiles) * n_ctx + (m_lo + i * BM + rot) % n_ctx
-            for c in gl.static_range(2):
-                w = c * 2 + j % 2
-                mbarrier.wait(dq_full.index(w), (j // 2) & 1)
-                _add_dq(dq_desc, m, c * HH, dq_smem.index(w), sem_ptr, i, ORDERED)
+            if ORDERED:
+                sem = sem_ptr + (m // BM) * 2
+                _turn(sem, i // 2)
+                for c in gl.static_range(2):
+                    w = c * 2 + j % 2
+                    mbarrier.wait(dq_full.index(w), (j // 2) & 1)
+                    _put(dq_desc, m, c * HH, dq_smem.index(w), i // 2 == 0)
+                if j > 0:
+                    _hand_over(prev, 2)  # the previous tile's two copies have written
+                prev = sem
                 tma.store_wait(pendings=0)
-                mbarrier.arrive(dq_free.index(w), count=1)
+                for c in gl.static_range(2):
+                    mbarrier.arrive(dq_free.index(c * 2 + j % 2), count=1)
+            else:
+                for c in gl.static_range(2):
+                    w = c * 2 + j % 2
+                    mbarrier.wait(dq_full.index(w), (j // 2) & 1)
+                    tma.async_atomic_add(dq_desc, [m, c * HH], dq_smem.index(w))
+                    tma.store_wait(pendings=0)
+                    mbarrier.arrive(dq_free.index(w), count=1)
+        if ORDERED:
+            _hand_over(prev, 0)
 
     @gluon.jit
     def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr, ORDERED: gl.constexpr,
@@ -188,6 +219,7 @@ if AVAILABLE:
         dv = gl.zeros([BN, HD], gl.float32, layout=acc_layout)
         s_zero = gl.zeros([BN, BM], gl.float32, layout=s_layout)
         dq_zero = gl.zeros([BM, HH], gl.float32, layout=dq_layout)
+        prev = sem_ptr  # the ordered split form's previous turn (handed over a tile late)
         mbarrier.wait(kv_bars.index(C), 0)
         for j in range(n_group * n_qtiles):  # the group's query heads in turn (GQA)
             i = j % n_qtiles
@@ -233,11 +265,21 @@ if AVAILABLE:
                 mbarrier.arrive(dq_full.index(w), count=1)
             else:
                 staged = dq_smem.index(C)
-                tma.store_wait(pendings=0)  # the previous tile's add has read the buffer
+                tma.store_wait(pendings=0)  # the previous tile's copy has read the buffer
                 staged.store(dq)
                 fence_async_shared()
-                _add_dq(dq_desc, qb + m0, C * HH, staged, sem_ptr, i, ORDERED)
+                if ORDERED:  # this half's counter of the tile
+                    sem = sem_ptr + ((qb + m0) // BM) * 2 + C
+                    _turn(sem, i // 2)
+                    _put(dq_desc, qb + m0, C * HH, staged, i // 2 == 0)
+                    if j > 0:
+                        _hand_over(prev, 1)  # the previous tile's copy has written
+                    prev = sem
+                else:
+                    tma.async_atomic_add(dq_desc, [qb + m0, C * HH], staged)
             mbarrier.arrive(q_empty.index(slot), count=1)
+        if ORDERED and not WRITER:
+            _hand_over(prev, 0)
         # the other warpgroup's dQ products read this one's K rows (k_half): one more turn
         # of ds_ready, so that neither overwrites its K rows below while the other reads them
         jn = n_group * n_qtiles

@@ -312,12 +312,14 @@ def _turns(n_ctx: int, resident: int, group: int = 1, causal: bool = False,
     program p = t % P, under causal P - 1 - p when ``last_keys_first``, as the kernel
     does). Program p (first key 128p) takes the group's query heads in turn and visits
     each head's query tiles: non-causal tile (2p + i) mod N/64 at step i, causal tile 2p + i
-    (the rows that see its keys); it adds when that tile's counter reads i // 2. True if
-    every add happens (each counter value taken once, every tile by all the programs whose
-    keys it sees), False on a deadlock."""
+    (the rows that see its keys); it adds when that tile's counter reads i // 2, and hands
+    the turn over (the counter's increment) when it takes its next turn, or at its end. True
+    if every add happens (each counter value taken once, every tile by all the programs
+    whose keys it sees), False on a deadlock."""
     P, Q = n_ctx // (2 * gb.BLOCK_N), n_ctx // gb.BLOCK_M
     counters = [0] * (heads * group * Q)
     step: dict[int, int] = {}  # running ticket -> its next step
+    held: dict[int, int] = {}  # running ticket -> the counter it has yet to hand over
     taken = 0
 
     def program(t):
@@ -337,10 +339,13 @@ def _turns(n_ctx: int, resident: int, group: int = 1, causal: bool = False,
             tile = (2 * p + i) if causal else (2 * p + i) % Q
             c = (h * group + g) * Q + tile
             if counters[c] == i // 2:
-                counters[c] += 1
+                if t in held:
+                    counters[held[t]] += 1
+                held[t] = c
                 step[t] += 1
                 moved = True
                 if step[t] == group * tiles(p):
+                    counters[held.pop(t)] += 1
                     del step[t]
         if not moved:
             return False
