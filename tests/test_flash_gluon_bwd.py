@@ -374,6 +374,9 @@ def test_ordered_turns_finish_where_eligible_lets_them_run(n_ctx):
     (["--d", "96", "--out", "x.json"], "--d must be head dims 64 and/or 128"),
     (["--d", "128,x", "--out", "x.json"], "--d must be head dims 64 and/or 128"),
     ([], "--out is required (or --check-small)"),
+    (["--forms", "split,fast", "--out", "x.json"],
+     "--forms must be among split, writer, split_ordered, writer_ordered"),
+    (["--forms", "", "--out", "x.json"], "--forms must be among"),
 ])
 def test_the_timing_script_names_a_bad_argument(argv, message, capsys):
     script = load("scripts/gpu/gluon_bwd.py")
@@ -384,7 +387,8 @@ def test_the_timing_script_names_a_bad_argument(argv, message, capsys):
 
 def test_the_timing_script_tables_a_run(tmp_path, capsys):
     """``--table``: one line per form and row, speed as cuDNN's time over the form's, the worst
-    difference in 4-ulp units, an error kept as text; a file that is not a result exits 2."""
+    difference in 4-ulp units, an error kept as text (a form a killed call left unfinished
+    among them), runs' rows one after the other; a file that is not a result exits 2."""
     script = load("scripts/gpu/gluon_bwd.py")
     form = dict(gluon_launches=1, repeats_equal=True, dq_per_4ulp=0.25, dk_per_4ulp=0.5,
                 dv_per_4ulp=0.125, ms=11.0)
@@ -399,6 +403,14 @@ def test_the_timing_script_tables_a_run(tmp_path, capsys):
     assert lines[2] == ("| 128 | no | 13.20 | 10.45 | split | 11.00 | 0.950 | 1.200 | 0.5 | yes "
                         "| 1 |")
     assert "| writer | RuntimeError: boom |" in lines[3] and "split_ordered | 12.00" in lines[4]
+    second = tmp_path / "ordered.json"
+    second.write_text(json.dumps({"rows": [dict(D=64, causal=True, ours_ms=4.0, cudnn_ms=3.0,
+                                                writer_ordered=dict(error=script.UNFINISHED))]}))
+    assert script.main(["--table", str(path), str(second)]) == 0
+    both = capsys.readouterr().out.splitlines()
+    assert len(both) == 2 + 4 and both[:5] == lines
+    lines = both
+    assert lines[5].startswith("| 64 | yes | 4.00 | 3.00 | writer_ordered | did not finish")
     path.write_text("[]")
     with pytest.raises(SystemExit) as exc:
         script.main(["--table", str(path)])

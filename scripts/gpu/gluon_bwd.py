@@ -2,9 +2,9 @@
 form timed and checked beside our Triton backward and cuDNN's.
 
     . scripts/gpu/triton_slim.sh use     # triton 3.9: its Gluon has the bulk reduce-add
-    python3 scripts/gpu/gluon_bwd.py --out FILE.json [--d 128,64]
+    python3 scripts/gpu/gluon_bwd.py --out FILE.json [--d 128,64] [--forms split,writer]
     python3 scripts/gpu/gluon_bwd.py --check-small     (under compute-sanitizer)
-    python3 scripts/gpu/gluon_bwd.py --table FILE.json (its Markdown table, anywhere)
+    python3 scripts/gpu/gluon_bwd.py --table FILE.json [FILE.json ...]  (Markdown, anywhere)
 
 Per head dim and causal or not (bf16, B = H = 16, N = 4096, the bench's shape): our whole
 backward (``flash_attention._backward``, deterministic: the Triton kernels) and cuDNN's
@@ -17,7 +17,10 @@ which is what a user's call costs. Each is checked against our Triton backward (
 largest entry), run twice for ``repeats_equal``, and counted (``LAUNCHES``: the call took
 the Gluon path). ``profile``: the GPU kernels of five calls of each backward by name
 (torch.profiler), so that a whole call's time can be read against its kernels'. Medians of
-``triton.testing.do_bench`` (ms).
+``triton.testing.do_bench`` (ms). ``--forms``: only these forms (the session runs the forms
+as their adds come and the ordered ones in two calls, so that a hang of one cannot take the
+other's timings). The JSON is rewritten before each form with that form marked "did not
+finish", so a call killed at its time limit leaves which form it was in.
 
 ``--check-small``: every form once at a small shape (B 1, H 2, Hkv 2/1, N 256, D 128,
 causal and not) against our backward, no timing: for compute-sanitizer's racecheck,
@@ -81,7 +84,10 @@ def _form_call(mode: str, deterministic: bool, args):
     return call
 
 
-def _on_gpu(out: Path, dims: tuple[int, ...]) -> int:
+UNFINISHED = "did not finish: a hang, or the call's time limit"
+
+
+def _on_gpu(out: Path, dims: tuple[int, ...], forms: tuple[str, ...]) -> int:
     import torch.nn.functional as F
     import triton
     import triton.testing
@@ -104,7 +110,12 @@ def _on_gpu(out: Path, dims: tuple[int, ...]) -> int:
                 y = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
                 row["cudnn_ms"] = bench(partial(torch.autograd.grad, y, (qg, kg, vg), do,
                                                 retain_graph=True))
+            res["rows"].append(row)
             for name, mode, det in FORMS:
+                if name not in forms:
+                    continue
+                row[name] = dict(error=UNFINISHED)
+                out.write_text(json.dumps(res, indent=1))
                 call = _form_call(mode, det, args)
                 try:
                     before = gb.LAUNCHES[0]
@@ -118,20 +129,20 @@ def _on_gpu(out: Path, dims: tuple[int, ...]) -> int:
                 except Exception as e:  # noqa: BLE001 - reported per form
                     row[name] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
             print(json.dumps(row), flush=True)
-            res["rows"].append(row)
             out.write_text(json.dumps(res, indent=1))
     return 0
 
 
-def table(res: dict) -> str:
-    """The Markdown table of a run's JSON: per row our whole backward, cuDNN's, and each form's
-    time, its speed against cuDNN (cuDNN's time over its own), its largest difference from
-    ours in units of the 4-ulp check, and whether two calls gave the same bits."""
+def table(*runs: dict) -> str:
+    """The Markdown table of runs' JSON, one after the other: per row our whole backward,
+    cuDNN's, and each form's time, its speed against cuDNN (cuDNN's time over its own), its
+    largest difference from ours in units of the 4-ulp check, and whether two calls gave the
+    same bits."""
     head = ["| D | causal | ours | cuDNN | form | ms | × cuDNN | × ours | worst / 4 ulps "
             "| repeats equal | Gluon launches |",
             "|---|---|---:|---:|---|---:|---:|---:|---:|---|---:|"]
     lines = []
-    for row in res["rows"]:
+    for row in (row for res in runs for row in res["rows"]):
         for name, _, _ in FORMS:
             f = row.get(name)
             if f is None:
@@ -174,15 +185,22 @@ def main(argv=None) -> int:
     ap.add_argument("--d", default="128,64", help="head dims, e.g. 128")
     ap.add_argument("--check-small", action="store_true",
                     help="every form once at a small shape against ours (for compute-sanitizer)")
-    ap.add_argument("--table", type=Path, metavar="JSON",
-                    help="print the Markdown table of an earlier run's JSON and exit")
+    ap.add_argument("--forms", default=",".join(name for name, _, _ in FORMS),
+                    help="only these forms, separated by commas (default: all)")
+    ap.add_argument("--table", type=Path, nargs="+", metavar="JSON",
+                    help="print the Markdown table of earlier runs' JSON and exit")
     args = ap.parse_args(argv)
     if args.table is not None:
         try:
-            print(table(json.loads(args.table.read_text())), end="")
+            print(table(*(json.loads(path.read_text()) for path in args.table)), end="")
         except (OSError, ValueError, KeyError, TypeError) as e:
             ap.error(f"--table: not a gluon_bwd.py result ({type(e).__name__}: {e})")
         return 0
+    names = tuple(name for name, _, _ in FORMS)
+    forms = tuple(args.forms.split(","))
+    if not args.forms or any(name not in names for name in forms):
+        ap.error(f"--forms must be among {', '.join(names)} separated by commas, "
+                 f"got {args.forms!r}")
     try:
         dims = tuple(int(x) for x in args.d.split(","))
     except ValueError:
@@ -197,7 +215,7 @@ def main(argv=None) -> int:
         return 2
     if args.check_small:
         return _check_small()
-    return _on_gpu(args.out, dims)
+    return _on_gpu(args.out, dims, forms)
 
 
 if __name__ == "__main__":

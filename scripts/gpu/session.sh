@@ -79,8 +79,8 @@
 #   bash scripts/gpu/session.sh bwd39     the five-product Gluon backward under triton 3.9 (carry
 #                                         .triton: `bash scripts/gpu/triton_slim.sh pack 3.9.0`
 #                                         here): scripts/gpu/gluon_bwd.py (every form timed and
-#                                         checked beside ours and cuDNN; BWD39_D, default
-#                                         "128,64"), the GPU tests of the Gluon paths, racecheck,
+#                                         checked beside ours and cuDNN, the ordered forms in a
+#                                         call of their own; BWD39_D, default "128,64"), the GPU tests of the Gluon paths, racecheck,
 #                                         memcheck and synccheck on every form (--check-small),
 #                                         BWD39_MIN minutes (default 3) of `flashcheck fuzz` on
 #                                         gluon_bwd_domain.py's :attention and :attention_ordered
@@ -133,10 +133,14 @@ if has bwd39; then
   el bwd39
   . scripts/gpu/triton_slim.sh use > "$R/env-bwd39.txt" 2>&1
   export TRITON_CACHE_DIR=$PWD/.tcache39
-  timeout -s TERM 420 python3 scripts/gpu/gluon_bwd.py --d "${BWD39_D:-128,64}" \
-    --out "$R/bwd39.json" > "$R/bwd39.log" 2>&1
+  # the forms as their adds come, then the ordered ones: a hang in one call keeps the other's
+  timeout -s TERM 300 python3 scripts/gpu/gluon_bwd.py --d "${BWD39_D:-128,64}" \
+    --forms split,writer --out "$R/bwd39.json" > "$R/bwd39.log" 2>&1
   el "bwd39 exit=$?"
-  python3 scripts/gpu/gluon_bwd.py --table "$R/bwd39.json" > "$R/bwd39.md" 2>&1
+  timeout -s TERM 300 python3 scripts/gpu/gluon_bwd.py --d "${BWD39_D:-128,64}" \
+    --forms split_ordered,writer_ordered --out "$R/bwd39_ordered.json" > "$R/bwd39_ordered.log" 2>&1
+  el "bwd39 ordered exit=$?"
+  python3 scripts/gpu/gluon_bwd.py --table "$R/bwd39.json" "$R/bwd39_ordered.json" > "$R/bwd39.md" 2>&1
   job bwd39-pytest 330 python3 -m pytest -q -p no:cacheprovider -m gpu \
     tests/test_flash_gluon_bwd.py tests/test_flash_gluon.py
   for tool in racecheck memcheck synccheck; do
