@@ -70,8 +70,9 @@
 #                                         determinism check; longer than one call: run it as
 #                                         `detach kernel`, then `collect`. KERNEL_TRITON39=1:
 #                                         under triton 3.9 (carry .triton); with
-#                                         FLASHCHECK_GLUON_BWD=split|writer also a campaign of
-#                                         the deterministic=False entry (the Gluon backward)
+#                                         FLASHCHECK_GLUON_BWD=split|writer also campaigns of
+#                                         both gluon_bwd_domain.py entries (every case runs the
+#                                         Gluon backward; the triton campaign on 4 workers)
 #   bash scripts/gpu/session.sh ab        our kernel from this checkout and from the tree in .ab/OLD
 #                                         (carried; `git archive COMMIT | tar -x -C .ab/OLD` here),
 #                                         timed in alternation (scripts/gpu/ab_time.py; AB_ARGS:
@@ -406,15 +407,21 @@ if has kernel; then
     . scripts/gpu/triton_slim.sh use > "$R/env-kernel39.txt" 2>&1
     export TRITON_CACHE_DIR=$PWD/.tcache39
   fi
-  if [ "${FLASHCHECK_GLUON_BWD:-off}" != off ]; then  # its deterministic=False entry as well
-    job kernel/fuzz-atomic $(( ${KERNEL_MIN:-10} * 60 + 150 )) python3 -m flashcheck fuzz \
-      --kernel flashcheck.kernels.flash_attention:attention_atomic --device cuda \
-      --minutes "${KERNEL_MIN:-10}" --keep-going --seed "${FUZZ_SEED:-20261210}" --workers 4 \
-      --out "$R/kernel/fuzz-atomic"
+  KERNEL_WORKERS=8
+  if [ "${FLASHCHECK_GLUON_BWD:-off}" != off ]; then
+    # the Gluon backward's own campaigns: our entries narrowed to its domain, so that every
+    # case runs it (deterministic=False as its adds come; deterministic, the ordered form)
+    KERNEL_WORKERS=4
+    for entry in attention attention_ordered; do
+      job "kernel/fuzz-gluon-$entry" $(( ${KERNEL_MIN:-10} * 60 + 150 )) python3 -m flashcheck fuzz \
+        --kernel "scripts/gpu/gluon_bwd_domain.py:$entry" --device cuda \
+        --minutes "${KERNEL_MIN:-10}" --keep-going --seed "${FUZZ_SEED:-20261210}" --workers 3 \
+        --out "$R/kernel/fuzz-gluon-$entry"
+    done
   fi
   job kernel/fuzz $(( ${KERNEL_MIN:-10} * 60 + 150 )) python3 -m flashcheck fuzz --kernel triton \
     --device cuda --minutes "${KERNEL_MIN:-10}" --keep-going --seed "${FUZZ_SEED:-20261210}" \
-    --workers 8 --out "$R/kernel/fuzz"
+    --workers "$KERNEL_WORKERS" --out "$R/kernel/fuzz"
   # The gate on the committed budgets, then (KERNEL_UPDATE=1) again with --update: the
   # budgets file of this kernel, copied to $R/kernel.
   job kernel/gate 600 bash -c "python3 -m flashcheck gate --device cuda --jobs 4 --out $R/kernel/gate; \
