@@ -415,3 +415,68 @@ def test_the_timing_script_tables_a_run(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         script.main(["--table", str(path)])
     assert exc.value.code == 2 and "not a gluon_bwd.py result" in capsys.readouterr().err
+
+
+def _bwd39_out(tmp_path, racecheck_errors=0):
+    """A bwd39 phase's output as `collect` leaves it: the writer's ordered form unfinished
+    at one row and failing a GPU test, everything else clean."""
+    def form(ms, **kw):
+        return dict(gluon_launches=2, repeats_equal=True, dq_per_4ulp=0.3, dk_per_4ulp=0.2,
+                    dv_per_4ulp=0.1, ms=ms, **kw)
+
+    def rows(forms):
+        return [dict(D=D, causal=c, ours_ms=13.0, cudnn_ms=10.0,
+                     **{name: form(ms) for name, ms in forms.items()})
+                for D in (128, 64) for c in (False, True)]
+
+    tmp_path.mkdir()
+    (tmp_path / "bwd39.json").write_text(json.dumps(
+        {"rows": rows({"split": 10.5, "writer": 10.8})}))
+    ordered = rows({"split_ordered": 11.0, "writer_ordered": 10.6})
+    ordered[1]["writer_ordered"] = {"error": "did not finish: a hang, or the call's time limit"}
+    (tmp_path / "bwd39_ordered.json").write_text(json.dumps({"rows": ordered}))
+    (tmp_path / "bwd39-pytest.log").write_text(
+        "FAILED tests/test_flash_gluon_bwd.py::test_gluon_backward_gives_the_triton_backward_"
+        "gradients[shape4-kw4-True-writer] - AssertionError\n1 failed, 60 passed in 80s\n"
+        "exit=1\n")
+    for tool in ("racecheck", "memcheck", "synccheck"):
+        errors = racecheck_errors if tool == "racecheck" else 0
+        (tmp_path / f"bwd39-{tool}.log").write_text(
+            f"ok split causal=False hkv=2: launches 1, max |diff| / 4 ulps 0.2\n"
+            f"========= ERROR SUMMARY: {errors} errors\nexit=0\n")
+    for entry in ("attention", "attention_ordered"):
+        for mode in ("split", "writer"):
+            d = tmp_path / f"bwd39-fuzz-{entry}-{mode}"
+            d.mkdir()
+            (d / "summary.json").write_text(json.dumps(
+                {"workers": 3, "examples": 120, "failures": [], "exit": 0}))
+    return tmp_path
+
+
+def test_the_bwd39_verdict_takes_the_mode_whose_forms_all_pass(tmp_path, capsys):
+    """scripts/gpu/bwd39_verdict.py: a form unfinished at a row, or failing a GPU test that
+    names it, fails its mode; the passing mode is taken, with its ordered form's speed
+    against cuDNN and the acceptance command; racecheck's errors, which name no kernel,
+    fail every form (exit 1); a folder without the phase's output exits 2."""
+    script = load("scripts/gpu/bwd39_verdict.py")
+    out = _bwd39_out(tmp_path / "a")
+    assert script.main([str(out), "--json", str(tmp_path / "v.json")]) == 0
+    text = capsys.readouterr().out
+    v = json.loads((tmp_path / "v.json").read_text())
+    assert v["passing_modes"] == ["split"] and v["take"] == "split"
+    probs = v["forms"]["writer_ordered"]["problems"]
+    assert any("D=128 causal=True: did not finish" in p for p in probs)
+    assert any("True-writer]" in p for p in probs)
+    assert v["forms"]["writer"]["problems"] == [] and v["forms"]["split"]["problems"] == []
+    assert v["forms"]["split_ordered"]["d128_x_cudnn"] == {"false": 10 / 11, "true": 10 / 11}
+    assert v["forms"]["split_ordered"]["meets_target"] is True
+    assert "FLASHCHECK_GLUON_BWD=split KERNEL_MIN=10" in text and "0.909x cuDNN" in text
+
+    out = _bwd39_out(tmp_path / "b", racecheck_errors=3)
+    assert script.main([str(out)]) == 1
+    text = capsys.readouterr().out
+    assert "racecheck: 3 reported error(s)" in text and "No mode passes" in text
+    with pytest.raises(SystemExit) as exc:
+        script.main([str(tmp_path)])
+    assert exc.value.code == 2 and "DIR must hold the bwd39 phase's output" in \
+        capsys.readouterr().err

@@ -81,12 +81,15 @@
 #                                         .triton: `bash scripts/gpu/triton_slim.sh pack 3.9.0`
 #                                         here): scripts/gpu/gluon_bwd.py (every form timed and
 #                                         checked beside ours and cuDNN, the ordered forms in a
-#                                         call of their own; BWD39_D, default "128,64"), the GPU tests of the Gluon paths, racecheck,
-#                                         memcheck and synccheck on every form (--check-small),
+#                                         call of their own; BWD39_D, default "128,64"), the
+#                                         GPU tests of the Gluon paths, racecheck, memcheck and
+#                                         synccheck on every form (--check-small),
 #                                         BWD39_MIN minutes (default 3) of `flashcheck fuzz` on
 #                                         gluon_bwd_domain.py's :attention and :attention_ordered
 #                                         in each form (FLASHCHECK_GLUON_BWD) side by side, then
-#                                         the quick bench under BWD39_FORM (default split);
+#                                         each form's verdict (scripts/gpu/bwd39_verdict.py:
+#                                         bwd39-verdict.md), then the quick bench under
+#                                         BWD39_FORM (default split);
 #                                         longer than one call: `detach bwd39`, then `collect`
 # Several phases may share one call (session.sh throughput peers); they run in this file's order.
 set -uo pipefail
@@ -158,6 +161,8 @@ if has bwd39; then
   done
   wait
   el "bwd39 fuzz done"
+  python3 scripts/gpu/bwd39_verdict.py "$R" --json "$R/bwd39-verdict.json" > "$R/bwd39-verdict.md" 2>&1
+  el "bwd39 verdict exit=$? (0: a mode passes; bwd39-verdict.md names it)"
   FLASHCHECK_GLUON_BWD=${BWD39_FORM:-split} timeout -s TERM 400 python3 -m flashcheck.kernels.bench \
     --quick --out "$R/bench-bwd39" > "$R/bench-bwd39.log" 2>&1
   el "bwd39 bench exit=$?"

@@ -1,0 +1,226 @@
+"""What `session.sh bwd39` found, form by form, and which Gluon backward mode to take next.
+
+    python3 scripts/gpu/bwd39_verdict.py DIR [--json FILE]
+
+DIR: the phase's collected output (gpu_out, or where `collect` unpacked it). Per form
+("split", "writer" as their adds come; "split_ordered", "writer_ordered" deterministic):
+
+- timing (bwd39.json, bwd39_ordered.json; scripts/gpu/gluon_bwd.py): every row ran, both
+  calls took the Gluon kernel, the largest difference from our Triton backward within 4
+  units in the last place, the ordered forms the same bits twice; its speed against cuDNN;
+- the GPU tests (bwd39-pytest.log): a failed test whose id names the form fails it, one
+  that names none fails every form;
+- compute-sanitizer on every form (bwd39-{racecheck,memcheck,synccheck}.log): a "BAD" line
+  fails its form; reported errors, no error summary (the run did not finish) or a nonzero
+  exit without BAD lines fail every form (the tool does not say which kernel);
+- the campaigns (bwd39-fuzz-ENTRY-MODE/summary.json): examples run and no failure.
+
+A mode passes when both its forms do (a mode serves both determinisms); of those that pass,
+the one whose ordered form is fastest (the default backward is deterministic) is the one
+to take, and the command of the issue's acceptance run with it is printed. Exit 0 when a
+mode passes, 1 when none does, 2 on a folder that is not the phase's output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+MODES = ("split", "writer")
+FORMS = tuple(m + s for s in ("", "_ordered") for m in MODES)
+SANITIZERS = ("racecheck", "memcheck", "synccheck")
+TARGET = 0.9  # the issue's backward target: at least 0.9x cuDNN at D = 128, causal and not
+
+
+def _timing(rows: list[dict], form: str, problems: list[str]) -> list[float]:
+    """The form's speeds against cuDNN (one per row), its problems appended."""
+    speeds = []
+    for row in rows:
+        f = row.get(form)
+        if f is None:
+            continue
+        where = f"D={row['D']} causal={row['causal']}"
+        if "error" in f:
+            problems.append(f"timing {where}: {f['error']}")
+            continue
+        if f.get("gluon_launches") != 2:
+            problems.append(f"timing {where}: {f.get('gluon_launches')} Gluon launches of 2 "
+                            "calls (left the Gluon path)")
+        worst = max(v for k, v in f.items() if k.endswith("_per_4ulp"))
+        if not worst <= 1:
+            problems.append(f"timing {where}: largest difference {worst:.3g} x 4 ulps")
+        if form.endswith("_ordered") and not f.get("repeats_equal"):
+            problems.append(f"timing {where}: two calls gave different bits")
+        speeds.append(row["cudnn_ms"] / f["ms"])
+    if not speeds and not any(p.startswith("timing") for p in problems):
+        problems.append("timing: no row ran this form")
+    return speeds
+
+
+def _exit_code(text: str) -> int | None:
+    m = re.findall(r"^exit=(\d+)$", text, re.M)
+    return int(m[-1]) if m else None
+
+
+def _names_form(test_id: str, form: str) -> bool:
+    """Whether a failed test's parameters name this form: its mode ("split" or "writer")
+    and, where the id carries the call's determinism (True / False), that too; a mode
+    without it names both of the mode's forms."""
+    params = re.findall(r"[\[-]([A-Za-z_]+)(?=[-\]])", test_id)
+    mode = form.removesuffix("_ordered")
+    if mode not in params:
+        return False
+    if "True" in params or "False" in params:
+        return ("True" in params) == form.endswith("_ordered")
+    return True
+
+
+def _pytest(text: str | None, problems: dict[str, list[str]], other: list[str]) -> None:
+    """The backward's GPU tests: a failure whose id names forms fails them, one that names
+    none fails every form; the forward's failures (the same log) go to ``other``."""
+    if text is None:
+        for form in FORMS:
+            problems[form].append("GPU tests: no log")
+        return
+    failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.M)
+    for test_id in failed:
+        if "test_flash_gluon_bwd.py" not in test_id:
+            other.append(f"GPU tests: {test_id}")
+            continue
+        named = [form for form in FORMS if _names_form(test_id, form)]
+        for form in named or FORMS:
+            problems[form].append(f"GPU tests: {test_id}")
+    if _exit_code(text) not in (0, None) and not failed:
+        for form in FORMS:
+            problems[form].append(f"GPU tests: exit {_exit_code(text)}")
+    if not re.search(r"\d+ passed", text):
+        for form in FORMS:
+            problems[form].append("GPU tests: none passed")
+
+
+def _sanitizer(tool: str, text: str | None, problems: dict[str, list[str]]) -> None:
+    if text is None:
+        for form in FORMS:
+            problems[form].append(f"{tool}: no log")
+        return
+    bad = re.findall(r"^BAD (\S+) (.*)$", text, re.M)
+    for name, where in bad:
+        if name in problems:
+            problems[name].append(f"{tool}: disagrees with ours at {where}")
+    errors = [int(n) for n in re.findall(r"ERROR SUMMARY: (\d+) error", text)]
+    code = _exit_code(text)
+    # exit 1 with BAD lines is the script's own verdict, already attributed
+    if any(errors) or not errors or code not in (0, None) and not bad:
+        for form in FORMS:
+            problems[form].append(f"{tool}: {sum(errors) if errors else 'no'} reported "
+                                  f"error(s), exit {code}")
+
+
+def _campaign(path: Path, problems: list[str]) -> int:
+    try:
+        s = json.loads((path / "summary.json").read_text())
+    except (OSError, ValueError):
+        problems.append(f"campaign {path.name}: no summary (did not finish)")
+        return 0
+    if s.get("failures"):
+        problems.append(f"campaign {path.name}: {len(s['failures'])} failure(s): "
+                        + ", ".join(Path(p).name for p in s["failures"][:3]))
+    elif s.get("exit") not in (0, None) or not s.get("examples"):
+        problems.append(f"campaign {path.name}: exit {s.get('exit')}, "
+                        f"{s.get('examples')} examples")
+    return int(s.get("examples") or 0)
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return None
+
+
+def verdict(out: Path) -> dict:
+    """Each form's problems, speeds and campaign examples, each mode's standing, and the
+    mode to take (None when none passes)."""
+    rows = []
+    for name in ("bwd39.json", "bwd39_ordered.json"):
+        text = _read(out / name)
+        if text is not None:
+            rows += json.loads(text)["rows"]
+    problems: dict[str, list[str]] = {form: [] for form in FORMS}
+    forms = {}
+    for form in FORMS:
+        speeds = _timing(rows, form, problems[form])
+        d128 = {row["causal"]: row["cudnn_ms"] / row[form]["ms"] for row in rows
+                if row["D"] == 128 and "ms" in row.get(form, {})}
+        forms[form] = dict(speeds=speeds, d128_x_cudnn=d128,
+                           geomean_x_cudnn=math.prod(speeds) ** (1 / len(speeds))
+                           if speeds else None)
+    other: list[str] = []
+    _pytest(_read(out / "bwd39-pytest.log"), problems, other)
+    for tool in SANITIZERS:
+        _sanitizer(tool, _read(out / f"bwd39-{tool}.log"), problems)
+    for form in FORMS:
+        mode, entry = form.removesuffix("_ordered"), (
+            "attention_ordered" if form.endswith("_ordered") else "attention")
+        forms[form]["campaign_examples"] = _campaign(out / f"bwd39-fuzz-{entry}-{mode}",
+                                                     problems[form])
+        forms[form]["problems"] = problems[form]
+        d128 = forms[form]["d128_x_cudnn"]
+        forms[form]["meets_target"] = (len(d128) == 2
+                                       and all(x >= TARGET for x in d128.values()))
+    passing = [m for m in MODES if not problems[m] and not problems[m + "_ordered"]]
+    take = max(passing, key=lambda m: forms[m + "_ordered"]["geomean_x_cudnn"] or 0.0,
+               default=None)
+    return dict(forms=forms, passing_modes=passing, take=take, other=other)
+
+
+def report(v: dict) -> str:
+    lines = ["| form | × cuDNN D=128 | × cuDNN D=128 causal | geomean × cuDNN | campaign "
+             "examples | problems |", "|---|---:|---:|---:|---:|---|"]
+    for form, f in v["forms"].items():
+        d = f["d128_x_cudnn"]
+        cell = [f"{d[c]:.3f}" if c in d else "–" for c in (False, True)]
+        g = f"{f['geomean_x_cudnn']:.3f}" if f["geomean_x_cudnn"] else "–"
+        probs = "; ".join(f["problems"]) or "none"
+        lines.append(f"| {form} | {cell[0]} | {cell[1]} | {g} | {f['campaign_examples']} "
+                     f"| {probs} |")
+    if v["other"]:
+        lines.append("\nBeside the backward: " + "; ".join(v["other"]))
+    take = v["take"]
+    if take is None:
+        lines.append("\nNo mode passes: keep FLASHCHECK_GLUON_BWD off; the problems above say "
+                     "where to look.")
+    else:
+        det = v["forms"][take + "_ordered"]
+        lines.append(f"\nTake {take!r} (its ordered form at "
+                     f"{det['geomean_x_cudnn']:.3f}x cuDNN over the rows; the issue's "
+                     f"{TARGET}x at D=128 {'met' if det['meets_target'] else 'NOT met'}). "
+                     "The acceptance run with it:\n\n"
+                     f"    KERNEL_TRITON39=1 FLASHCHECK_GLUON_BWD={take} KERNEL_MIN=10 "
+                     "bash scripts/gpu/session.sh detach kernel")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path, metavar="DIR", help="the bwd39 phase's output folder")
+    ap.add_argument("--json", type=Path, help="also write the verdict as JSON here")
+    args = ap.parse_args(argv)
+    if not (args.out / "bwd39.json").is_file() and not (args.out / "bwd39_ordered.json").is_file():
+        ap.error(f"DIR must hold the bwd39 phase's output (bwd39.json), got {str(args.out)!r}")
+    try:
+        v = verdict(args.out)
+    except (ValueError, KeyError, TypeError) as e:
+        ap.error(f"DIR: not the bwd39 phase's output ({type(e).__name__}: {e})")
+    print(report(v), end="")
+    if args.json is not None:
+        args.json.write_text(json.dumps(v, indent=1) + "\n")
+    return 0 if v["take"] is not None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
