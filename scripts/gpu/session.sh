@@ -6,6 +6,8 @@
 #   bash scripts/gpu/session.sh verify    per-kernel reports of the GPU sweep (--jobs), with
 #                                         the harness throughput measured on a warm cache
 #   bash scripts/gpu/session.sh ncu       ncu on one forward+backward of ours and of cuDNN
+#                                         (NCU_TRITON39=1: under triton 3.9, carry .triton;
+#                                         with FLASHCHECK_GLUON_BWD set, ours is the Gluon one)
 #   bash scripts/gpu/session.sh sweep     our kernel's launch points and schedule flags timed
 #                                         beside cuDNN (scripts/gpu/sweep_hopper.py; SWEEP_ARGS:
 #                                         e.g. "--d 64"), docs/benchmarks/sweep.md
@@ -180,6 +182,10 @@ if has sweep; then
   el "sweep exit=$?"
 fi
 if has ncu; then
+  if [ "${NCU_TRITON39:-0}" = 1 ]; then  # e.g. the Gluon backward (FLASHCHECK_GLUON_BWD)
+    . scripts/gpu/triton_slim.sh use > "$R/env-ncu39.txt" 2>&1
+    export TRITON_CACHE_DIR=$PWD/.tcache39
+  fi
   for impl in triton cudnn; do
     el "ncu $impl"
     timeout -s TERM 100 ncu --clock-control none --profile-from-start off $NCU_SECTIONS \
