@@ -40,6 +40,8 @@ keys of one batch and kv head:
   programs together; :func:`eligible` requires N/128 programs per head at most the
   multiprocessor count; one program fits per multiprocessor). Bitwise repeatable: the
   order depends on the program's (keys, head), not on which hardware block computes it.
+  Should a GPU not hold them after all (shared under MPS), a turn waited for longer than
+  :data:`TURN_LIMIT_NS` traps: the call ends in a CUDA error instead of hanging.
 
 The arithmetic of the Triton backward: P and dS rounded to the input dtype before their
 products, fp32 accumulators, base-2 lse, dK scaled once at the end; dQ's tiles are scaled
@@ -93,9 +95,16 @@ STAGES = 2  # Q/dO ring depth: 2 x 2 x 16 KiB at D = 128, beside K, V (64 KiB) a
 # flash_attention_gluon.
 MAXNREG = 168
 FORMS = ("split", "writer")
+# A turn waits for the programs with the next keys to get a tile step or two ahead: some
+# microseconds. A minute means they cannot run at all (the non-causal forms' programs of a
+# head not resident at once, as on a GPU shared under MPS): the waiting program traps, so
+# that the call ends in a CUDA error ("an illegal instruction") instead of hanging.
+TURN_LIMIT_NS = 60 * 10 ** 9
 LAUNCHES = [0]  # calls of backward() since import (tests and the GPU session read it)
 
 if AVAILABLE:
+    _TURN_LIMIT = gl.constexpr(TURN_LIMIT_NS)
+
     @gluon.jit
     def _loads(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bars,
                q_ready, q_empty, row0, q_row0, start_n, m_lo, n_qtiles, n_ctx, n_group, rot):
@@ -121,12 +130,23 @@ if AVAILABLE:
             _tma_load(do_desc, [m, 0], q_ready.index(slot), do_smem.index(slot))
 
     @gluon.jit
+    def _now():
+        """The GPU's global nanosecond timer."""
+        return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [],
+                                         dtype=gl.int64, is_pure=False, pack=1)
+
+    @gluon.jit
     def _turn(sem, rank):
         """The ordered forms: wait until the counter reads ``rank`` (acquire). At its step
         i a program's rank on its tile is i // 2 (a tile's adders come one per program,
-        every other step)."""
-        while gl.atomic_add(sem, 0, sem="acquire") != rank:
-            pass
+        every other step). A wait past :data:`TURN_LIMIT_NS` traps: a CUDA error, not a
+        hang."""
+        if gl.atomic_add(sem, 0, sem="acquire") != rank:
+            start = _now()
+            while gl.atomic_add(sem, 0, sem="acquire") != rank:
+                if _now() - start > _TURN_LIMIT:
+                    gl.inline_asm_elementwise("trap; mov.u32 $0, 0;", "=r", [],
+                                              dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
     def _put(dq_desc, rows, col, staged, first):
