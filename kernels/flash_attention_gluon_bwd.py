@@ -140,13 +140,21 @@ if AVAILABLE:
         """The ordered forms: wait until the counter reads ``rank`` (acquire). At its step
         i a program's rank on its tile is i // 2 (a tile's adders come one per program,
         every other step). A wait past :data:`TURN_LIMIT_NS` traps: a CUDA error, not a
-        hang."""
+        hang. The previous adder's bulk copy wrote the tile through the async proxy and
+        this program's will too, with the turn passed through the generic one between
+        them: a proxy fence after the acquire orders this program's copy after it."""
         if gl.atomic_add(sem, 0, sem="acquire") != rank:
             start = _now()
             while gl.atomic_add(sem, 0, sem="acquire") != rank:
                 if _now() - start > _TURN_LIMIT:
-                    gl.inline_asm_elementwise("trap; mov.u32 $0, 0;", "=r", [],
-                                              dtype=gl.int32, is_pure=False, pack=1)
+                    _asm("trap;")
+        _asm("fence.proxy.async.global;")
+
+    @gluon.jit
+    def _asm(instruction: gl.constexpr):
+        """One PTX instruction for its effect (a trap, a fence)."""
+        gl.inline_asm_elementwise(instruction + " mov.u32 $0, 0;", "=r", [],
+                                  dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
     def _put(dq_desc, rows, col, staged, first):

@@ -158,8 +158,9 @@ def test_every_form_compiles_for_sm90_with_its_partitions_and_bulk_adds(tmp_path
     H200's 227 KiB, spills of at most a few hundred bytes (measured: up to 344 at D 128 under
     causal), the partitions' budgets (240 for the consumers, 24 for the producer and the
     writer) and each program's dQ halves going out as bulk tensor reduce-adds; only the
-    ordered forms take a ticket and wait for a turn (acquire), trapping past the turn's time
-    limit, and only they store a tile's first dQ half instead of adding it."""
+    ordered forms take a ticket and wait for a turn (acquire, then a proxy fence), trapping
+    past the turn's time limit, and only they store a tile's first dQ half instead of adding
+    it."""
     pytest.importorskip("triton.backends.nvidia.compiler")
     res = compile_for_sm90(_COMPILE, tmp_path, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -184,12 +185,13 @@ def test_every_form_compiles_for_sm90_with_its_partitions_and_bulk_adds(tmp_path
     assert len(ordered) == 12
     assert sum("atom.global.gpu.acq_rel.add" in text for text in ptx.values()) == 12
     assert all("atom.global.gpu.acq_rel.add" in text for text in ordered)
-    # a turn that waits past TURN_LIMIT_NS (read from the global timer) traps
+    # a turn that waits past TURN_LIMIT_NS (read from the global timer) traps; a turn taken
+    # is followed by a proxy fence before the copy
     limit = re.compile(rf"setp\.\w+\.s64\s+%p\d+, %rd\d+, "
                        rf"({gb.TURN_LIMIT_NS}|{gb.TURN_LIMIT_NS + 1});")
     for text in ptx.values():
-        assert bool("%globaltimer" in text and "trap;" in text and limit.search(text)) == (
-            text in ordered)
+        assert bool("%globaltimer" in text and "trap;" in text and limit.search(text)
+                    and "fence.proxy.async.global;" in text) == (text in ordered)
     for text in ptx.values():
         # dK and dV out by bulk stores (two per consumer); in the ordered forms each add site
         # has a bulk store beside it (the tile's first adder stores)
