@@ -425,9 +425,10 @@ def test_the_timing_script_tables_a_run(tmp_path, capsys):
     assert exc.value.code == 2 and "not a gluon_bwd.py result" in capsys.readouterr().err
 
 
-def _bwd39_out(tmp_path, racecheck_errors=0):
+def _bwd39_out(tmp_path, racecheck_errors=0, ordered_rows=4):
     """A bwd39 phase's output as `collect` leaves it: the writer's ordered form unfinished
-    at one row and failing a GPU test, everything else clean."""
+    at one row and failing a GPU test, everything else clean; the ordered call's first
+    ``ordered_rows`` rows (fewer: it ended there)."""
     def form(ms, **kw):
         return dict(gluon_launches=2, repeats_equal=True, dq_per_4ulp=0.3, dk_per_4ulp=0.2,
                     dv_per_4ulp=0.1, ms=ms, **kw)
@@ -442,7 +443,7 @@ def _bwd39_out(tmp_path, racecheck_errors=0):
         {"rows": rows({"split": 10.5, "writer": 10.8})}))
     ordered = rows({"split_ordered": 11.0, "writer_ordered": 10.6})
     ordered[1]["writer_ordered"] = {"error": "did not finish: a hang, or the call's time limit"}
-    (tmp_path / "bwd39_ordered.json").write_text(json.dumps({"rows": ordered}))
+    (tmp_path / "bwd39_ordered.json").write_text(json.dumps({"rows": ordered[:ordered_rows]}))
     (tmp_path / "bwd39-pytest.log").write_text(
         "FAILED tests/test_flash_gluon_bwd.py::test_gluon_backward_gives_the_triton_backward_"
         "gradients[shape4-kw4-True-writer] - AssertionError\n1 failed, 60 passed in 80s\n"
@@ -465,7 +466,8 @@ def test_the_bwd39_verdict_takes_the_mode_whose_forms_all_pass(tmp_path, capsys)
     """scripts/gpu/bwd39_verdict.py: a form unfinished at a row, or failing a GPU test that
     names it, fails its mode; the passing mode is taken, with its ordered form's speed
     against cuDNN and the acceptance command; racecheck's errors, which name no kernel,
-    fail every form (exit 1); a folder without the phase's output exits 2."""
+    fail every form (exit 1), and so do rows an ended call never reached for its forms; a
+    folder without the phase's output exits 2."""
     script = load("scripts/gpu/bwd39_verdict.py")
     out = _bwd39_out(tmp_path / "a")
     assert script.main([str(out), "--json", str(tmp_path / "v.json")]) == 0
@@ -484,6 +486,15 @@ def test_the_bwd39_verdict_takes_the_mode_whose_forms_all_pass(tmp_path, capsys)
     assert script.main([str(out)]) == 1
     text = capsys.readouterr().out
     assert "racecheck: 3 reported error(s)" in text and "No mode passes" in text
+    # the ordered call ended after two rows: the rows it never reached fail both its forms
+    out = _bwd39_out(tmp_path / "c", ordered_rows=2)
+    assert script.main([str(out), "--json", str(tmp_path / "c.json")]) == 1
+    v = json.loads((tmp_path / "c.json").read_text())
+    for form in ("split_ordered", "writer_ordered"):
+        assert {p for p in v["forms"][form]["problems"] if "not reached" in p} == {
+            f"timing D=64 causal={c}: not reached (the call ended first)" for c in (False, True)}
+    assert v["forms"]["split"]["problems"] == []
+    capsys.readouterr()
     with pytest.raises(SystemExit) as exc:
         script.main([str(tmp_path)])
     assert exc.value.code == 2 and "DIR must hold the bwd39 phase's output" in \

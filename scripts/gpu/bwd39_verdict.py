@@ -5,9 +5,10 @@
 DIR: the phase's collected output (gpu_out, or where `collect` unpacked it). Per form
 ("split", "writer" as their adds come; "split_ordered", "writer_ordered" deterministic):
 
-- timing (bwd39.json, bwd39_ordered.json; scripts/gpu/gluon_bwd.py): every row ran, both
-  calls took the Gluon kernel, the largest difference from our Triton backward within 4
-  units in the last place, the ordered forms the same bits twice; its speed against cuDNN;
+- timing (bwd39.json, bwd39_ordered.json; scripts/gpu/gluon_bwd.py): every row (of either
+  call) ran, both calls took the Gluon kernel, the largest difference from our Triton
+  backward within 4 units in the last place, the ordered forms the same bits twice; its
+  speed against cuDNN;
 - the GPU tests (bwd39-pytest.log): a failed test whose id names the form fails it, one
   that names none fails every form;
 - compute-sanitizer on every form (bwd39-{racecheck,memcheck,synccheck}.log): a "BAD" line
@@ -39,6 +40,9 @@ TARGET = 0.9  # the issue's backward target: at least 0.9x cuDNN at D = 128, cau
 def _timing(rows: list[dict], form: str, problems: list[str]) -> list[float]:
     """The form's speeds against cuDNN (one per row), its problems appended."""
     speeds = []
+    shapes = {(row["D"], row["causal"]) for row in rows}  # the rows either call started
+    for d, causal in sorted(shapes - {(r["D"], r["causal"]) for r in rows if form in r}):
+        problems.append(f"timing D={d} causal={causal}: not reached (the call ended first)")
     for row in rows:
         f = row.get(form)
         if f is None:
