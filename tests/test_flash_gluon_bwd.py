@@ -442,6 +442,7 @@ def _bwd39_out(tmp_path, racecheck_errors=0, ordered_rows=4):
     (tmp_path / "bwd39.json").write_text(json.dumps(
         {"rows": rows({"split": 10.5, "writer": 10.8})}))
     ordered = rows({"split_ordered": 11.0, "writer_ordered": 10.6})
+    ordered[3]["split_ordered"]["ms"] = 13.5  # D 64 causal: slower than ours (13.0)
     ordered[1]["writer_ordered"] = {"error": "did not finish: a hang, or the call's time limit"}
     (tmp_path / "bwd39_ordered.json").write_text(json.dumps({"rows": ordered[:ordered_rows]}))
     (tmp_path / "bwd39-pytest.log").write_text(
@@ -480,7 +481,12 @@ def test_the_bwd39_verdict_takes_the_mode_whose_forms_all_pass(tmp_path, capsys)
     assert v["forms"]["writer"]["problems"] == [] and v["forms"]["split"]["problems"] == []
     assert v["forms"]["split_ordered"]["d128_x_cudnn"] == {"false": 10 / 11, "true": 10 / 11}
     assert v["forms"]["split_ordered"]["meets_target"] is True
-    assert "FLASHCHECK_GLUON_BWD=split KERNEL_MIN=10" in text and "0.909x cuDNN" in text
+    assert v["forms"]["split_ordered"]["slower_than_ours"] == ["D=64 causal=True"]
+    assert v["forms"]["split"]["slower_than_ours"] == []
+    assert "FLASHCHECK_GLUON_BWD=split KERNEL_MIN=10" in text
+    g = v["forms"]["split_ordered"]["geomean_x_cudnn"]
+    assert g == pytest.approx((10 / 11) ** 0.75 * (10 / 13.5) ** 0.25) and f"{g:.3f}x" in text
+    assert "Slower than our Triton backward at D=64 causal=True: a default must route" in text
 
     out = _bwd39_out(tmp_path / "b", racecheck_errors=3)
     assert script.main([str(out)]) == 1

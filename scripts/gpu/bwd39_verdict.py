@@ -18,7 +18,9 @@ DIR: the phase's collected output (gpu_out, or where `collect` unpacked it). Per
 
 A mode passes when both its forms do (a mode serves both determinisms); of those that pass,
 the one whose ordered form is fastest (the default backward is deterministic) is the one
-to take, and the command of the issue's acceptance run with it is printed. Exit 0 when a
+to take, and the command of the issue's acceptance run with it is printed. The rows where a
+form is slower than our Triton backward are listed: where the default must not take it
+(the issue wants no configuration slower than today's). Exit 0 when a
 mode passes, 1 when none does, 2 on a folder that is not the phase's output.
 """
 
@@ -160,9 +162,11 @@ def verdict(out: Path) -> dict:
         speeds = _timing(rows, form, problems[form])
         d128 = {row["causal"]: row["cudnn_ms"] / row[form]["ms"] for row in rows
                 if row["D"] == 128 and "ms" in row.get(form, {})}
+        slower = [f"D={row['D']} causal={row['causal']}" for row in rows
+                  if "ms" in row.get(form, {}) and row[form]["ms"] > row["ours_ms"]]
         forms[form] = dict(speeds=speeds, d128_x_cudnn=d128,
                            geomean_x_cudnn=math.prod(speeds) ** (1 / len(speeds))
-                           if speeds else None)
+                           if speeds else None, slower_than_ours=slower)
     other: list[str] = []
     _pytest(_read(out / "bwd39-pytest.log"), problems, other)
     for tool in SANITIZERS:
@@ -183,15 +187,16 @@ def verdict(out: Path) -> dict:
 
 
 def report(v: dict) -> str:
-    lines = ["| form | × cuDNN D=128 | × cuDNN D=128 causal | geomean × cuDNN | campaign "
-             "examples | problems |", "|---|---:|---:|---:|---:|---|"]
+    lines = ["| form | × cuDNN D=128 | × cuDNN D=128 causal | geomean × cuDNN | slower than "
+             "ours at | campaign examples | problems |", "|---|---:|---:|---:|---|---:|---|"]
     for form, f in v["forms"].items():
         d = f["d128_x_cudnn"]
         cell = [f"{d[c]:.3f}" if c in d else "–" for c in (False, True)]
         g = f"{f['geomean_x_cudnn']:.3f}" if f["geomean_x_cudnn"] else "–"
         probs = "; ".join(f["problems"]) or "none"
-        lines.append(f"| {form} | {cell[0]} | {cell[1]} | {g} | {f['campaign_examples']} "
-                     f"| {probs} |")
+        slower = ", ".join(f["slower_than_ours"]) or "–"
+        lines.append(f"| {form} | {cell[0]} | {cell[1]} | {g} | {slower} "
+                     f"| {f['campaign_examples']} | {probs} |")
     if v["other"]:
         lines.append("\nBeside the backward: " + "; ".join(v["other"]))
     take = v["take"]
@@ -206,6 +211,11 @@ def report(v: dict) -> str:
                      "The acceptance run with it:\n\n"
                      f"    KERNEL_TRITON39=1 FLASHCHECK_GLUON_BWD={take} KERNEL_MIN=10 "
                      "bash scripts/gpu/session.sh detach kernel")
+        slower = sorted({r for form in (take, take + "_ordered")
+                         for r in v["forms"][form]["slower_than_ours"]})
+        if slower:
+            lines.append(f"\nSlower than our Triton backward at {', '.join(slower)}: a default "
+                         "must route those to the Triton kernels.")
     return "\n".join(lines) + "\n"
 
 
