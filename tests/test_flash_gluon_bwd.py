@@ -443,7 +443,7 @@ def _bwd39_out(tmp_path, racecheck_errors=0, ordered_rows=4):
         {"rows": rows({"split": 10.5, "writer": 10.8})}))
     ordered = rows({"split_ordered": 11.0, "writer_ordered": 10.6})
     ordered[3]["split_ordered"]["ms"] = 13.5  # D 64 causal: slower than ours (13.0)
-    ordered[1]["writer_ordered"] = {"error": "did not finish: a hang, or the call's time limit"}
+    ordered[1]["writer_ordered"] = {"error": load("scripts/gpu/gluon_bwd.py").UNFINISHED}
     (tmp_path / "bwd39_ordered.json").write_text(json.dumps({"rows": ordered[:ordered_rows]}))
     (tmp_path / "bwd39-pytest.log").write_text(
         "FAILED tests/test_flash_gluon_bwd.py::test_gluon_backward_gives_the_triton_backward_"

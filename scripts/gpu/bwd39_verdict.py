@@ -27,14 +27,22 @@ mode passes, 1 when none does, 2 on a folder that is not the phase's output.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import re
 import sys
 from pathlib import Path
 
-MODES = ("split", "writer")
-FORMS = tuple(m + s for s in ("", "_ordered") for m in MODES)
+# The timing script's forms, (name, mode, deterministic), and its 4-ulp ratio
+_spec = importlib.util.spec_from_file_location("gluon_bwd", Path(__file__).with_name(
+    "gluon_bwd.py"))
+_timing_script = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_timing_script)
+FORMS = _timing_script.NAMES
+_FORM = {name: (mode, det) for name, mode, det in _timing_script.FORMS}  # -> (mode, det)
+_NAME = {form: name for name, form in _FORM.items()}  # (mode, deterministic) -> name
+MODES = tuple(dict.fromkeys(mode for mode, _ in _NAME))
 SANITIZERS = ("racecheck", "memcheck", "synccheck")
 TARGET = 0.9  # the issue's backward target: at least 0.9x cuDNN at D = 128, causal and not
 
@@ -56,10 +64,10 @@ def _timing(rows: list[dict], form: str, problems: list[str]) -> list[float]:
         if f.get("gluon_launches") != 2:
             problems.append(f"timing {where}: {f.get('gluon_launches')} Gluon launches of 2 "
                             "calls (left the Gluon path)")
-        worst = max(v for k, v in f.items() if k.endswith("_per_4ulp"))
+        worst = _timing_script.worst_ulps(f)
         if not worst <= 1:
             problems.append(f"timing {where}: largest difference {worst:.3g} x 4 ulps")
-        if form.endswith("_ordered") and not f.get("repeats_equal"):
+        if _FORM[form][1] and not f.get("repeats_equal"):
             problems.append(f"timing {where}: two calls gave different bits")
         speeds.append(row["cudnn_ms"] / f["ms"])
     if not speeds and not any(p.startswith("timing") for p in problems):
@@ -77,11 +85,11 @@ def _names_form(test_id: str, form: str) -> bool:
     and, where the id carries the call's determinism (True / False), that too; a mode
     without it names both of the mode's forms."""
     params = re.findall(r"[\[-]([A-Za-z_]+)(?=[-\]])", test_id)
-    mode = form.removesuffix("_ordered")
+    mode, deterministic = _FORM[form]
     if mode not in params:
         return False
     if "True" in params or "False" in params:
-        return ("True" in params) == form.endswith("_ordered")
+        return ("True" in params) == deterministic
     return True
 
 
@@ -172,16 +180,16 @@ def verdict(out: Path) -> dict:
     for tool in SANITIZERS:
         _sanitizer(tool, _read(out / f"bwd39-{tool}.log"), problems)
     for form in FORMS:
-        mode, entry = form.removesuffix("_ordered"), (
-            "attention_ordered" if form.endswith("_ordered") else "attention")
+        mode, deterministic = _FORM[form]
+        entry = "attention_ordered" if deterministic else "attention"
         forms[form]["campaign_examples"] = _campaign(out / f"bwd39-fuzz-{entry}-{mode}",
                                                      problems[form])
         forms[form]["problems"] = problems[form]
         d128 = forms[form]["d128_x_cudnn"]
         forms[form]["meets_target"] = (len(d128) == 2
                                        and all(x >= TARGET for x in d128.values()))
-    passing = [m for m in MODES if not problems[m] and not problems[m + "_ordered"]]
-    take = max(passing, key=lambda m: forms[m + "_ordered"]["geomean_x_cudnn"] or 0.0,
+    passing = [m for m in MODES if not any(problems[_NAME[m, d]] for d in (False, True))]
+    take = max(passing, key=lambda m: forms[_NAME[m, True]]["geomean_x_cudnn"] or 0.0,
                default=None)
     return dict(forms=forms, passing_modes=passing, take=take, other=other)
 
@@ -204,15 +212,15 @@ def report(v: dict) -> str:
         lines.append("\nNo mode passes: keep FLASHCHECK_GLUON_BWD off; the problems above say "
                      "where to look.")
     else:
-        det = v["forms"][take + "_ordered"]
+        det = v["forms"][_NAME[take, True]]
         lines.append(f"\nTake {take!r} (its ordered form at "
                      f"{det['geomean_x_cudnn']:.3f}x cuDNN over the rows; the issue's "
                      f"{TARGET}x at D=128 {'met' if det['meets_target'] else 'NOT met'}). "
                      "The acceptance run with it:\n\n"
                      f"    KERNEL_TRITON39=1 FLASHCHECK_GLUON_BWD={take} KERNEL_MIN=10 "
                      "bash scripts/gpu/session.sh detach kernel")
-        slower = sorted({r for form in (take, take + "_ordered")
-                         for r in v["forms"][form]["slower_than_ours"]})
+        slower = sorted({r for d in (False, True)
+                         for r in v["forms"][_NAME[take, d]]["slower_than_ours"]})
         if slower:
             lines.append(f"\nSlower than our Triton backward at {', '.join(slower)}: a default "
                          "must route those to the Triton kernels.")

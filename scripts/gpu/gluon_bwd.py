@@ -47,6 +47,7 @@ from flashcheck.kernels.bench import kernel_times
 # (name, mode, deterministic): each mode's form as its adds come, then its ordered variant
 FORMS = tuple((mode + ("_ordered" if det else ""), mode, det)
               for det in (False, True) for mode in gb.FORMS)
+NAMES = tuple(name for name, _, _ in FORMS)
 
 
 def _inputs(B, Hq, Hkv, N, D, causal, seed=0):
@@ -72,7 +73,7 @@ def _ulps(got, want) -> dict:
     return res
 
 
-def _worst(ulps: dict) -> float:
+def worst_ulps(ulps: dict) -> float:
     """The largest of :func:`_ulps`'s ratios to 4 units in the last place."""
     return max(v for k, v in ulps.items() if k.endswith("_per_4ulp"))
 
@@ -152,7 +153,7 @@ def table(*runs: dict) -> str:
             if "error" in f:
                 lines.append(f"{lead} {f['error']} | | | | | |")
                 continue
-            worst = _worst(f)
+            worst = worst_ulps(f)
             lines.append(f"{lead} {f['ms']:.2f} | {row['cudnn_ms'] / f['ms']:.3f} | "
                          f"{row['ours_ms'] / f['ms']:.3f} | {worst:.3g} | "
                          f"{'yes' if f['repeats_equal'] else 'no'} | {f['gluon_launches']} |")
@@ -170,7 +171,7 @@ def _check_small() -> int:
                 before = gb.LAUNCHES[0]
                 got = _form_call(mode, det, args)()
                 torch.cuda.synchronize()
-                worst = _worst(_ulps(got, want))
+                worst = worst_ulps(_ulps(got, want))
                 ok = worst <= 1 and gb.LAUNCHES[0] == before + 1
                 bad += not ok
                 print(f"{'ok ' if ok else 'BAD'} {name} causal={causal} "
@@ -185,7 +186,7 @@ def main(argv=None) -> int:
     ap.add_argument("--d", default="128,64", help="head dims, e.g. 128")
     ap.add_argument("--check-small", action="store_true",
                     help="every form once at a small shape against ours (for compute-sanitizer)")
-    ap.add_argument("--forms", default=",".join(name for name, _, _ in FORMS),
+    ap.add_argument("--forms", default=",".join(NAMES),
                     help="only these forms, separated by commas (default: all)")
     ap.add_argument("--table", type=Path, nargs="+", metavar="JSON",
                     help="print the Markdown table of earlier runs' JSON and exit")
@@ -196,10 +197,9 @@ def main(argv=None) -> int:
         except (OSError, ValueError, KeyError, TypeError) as e:
             ap.error(f"--table: not a gluon_bwd.py result ({type(e).__name__}: {e})")
         return 0
-    names = tuple(name for name, _, _ in FORMS)
     forms = tuple(args.forms.split(","))
-    if not args.forms or any(name not in names for name in forms):
-        ap.error(f"--forms must be among {', '.join(names)} separated by commas, "
+    if not args.forms or any(name not in NAMES for name in forms):
+        ap.error(f"--forms must be among {', '.join(NAMES)} separated by commas, "
                  f"got {args.forms!r}")
     try:
         dims = tuple(int(x) for x in args.d.split(","))

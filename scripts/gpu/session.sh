@@ -115,6 +115,9 @@ T0=$(date +%s)
 el() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 job() { local name=$1 t=$2; shift 2; ( timeout -s TERM "$t" "$@" > "$R/$name.log" 2>&1; echo "exit=$?" >> "$R/$name.log" ) & }
 pack() { [ -n "${GPU_R:-}" ] || tar czf "$OUT/gpu.tgz" --exclude=hypothesis-db -C "$R" . 2>/dev/null; }
+# triton 3.9 (carried in .triton) for this and the later phases, with a cache of its own;
+# what it set up goes to $R/env-NAME.txt
+use_triton39() { . scripts/gpu/triton_slim.sh use > "$R/env-$1.txt" 2>&1; export TRITON_CACHE_DIR=$PWD/.tcache39; }
 trap pack EXIT
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -137,8 +140,7 @@ if has bench; then
 fi
 if has bwd39; then
   el bwd39
-  . scripts/gpu/triton_slim.sh use > "$R/env-bwd39.txt" 2>&1
-  export TRITON_CACHE_DIR=$PWD/.tcache39
+  use_triton39 bwd39
   # the forms as their adds come, then the ordered ones: a hang in one call keeps the other's
   timeout -s TERM 300 python3 scripts/gpu/gluon_bwd.py --d "${BWD39_D:-128,64}" \
     --forms split,writer --out "$R/bwd39.json" > "$R/bwd39.log" 2>&1
@@ -183,8 +185,7 @@ if has sweep; then
 fi
 if has ncu; then
   if [ "${NCU_TRITON39:-0}" = 1 ]; then  # e.g. the Gluon backward (FLASHCHECK_GLUON_BWD)
-    . scripts/gpu/triton_slim.sh use > "$R/env-ncu39.txt" 2>&1
-    export TRITON_CACHE_DIR=$PWD/.tcache39
+    use_triton39 ncu39
   fi
   for impl in triton cudnn; do
     el "ncu $impl"
@@ -415,8 +416,7 @@ if has kernel; then
   el kernel
   mkdir -p "$R/kernel"
   if [ "${KERNEL_TRITON39:-0}" = 1 ]; then  # the kernels under triton 3.9 (carry .triton)
-    . scripts/gpu/triton_slim.sh use > "$R/env-kernel39.txt" 2>&1
-    export TRITON_CACHE_DIR=$PWD/.tcache39
+    use_triton39 kernel39
   fi
   KERNEL_WORKERS=8
   if [ "${FLASHCHECK_GLUON_BWD:-off}" != off ]; then
