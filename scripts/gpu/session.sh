@@ -88,7 +88,8 @@
 #                                         synccheck on every form (--check-small),
 #                                         BWD39_MIN minutes (default 3) of `flashcheck fuzz` on
 #                                         gluon_bwd_domain.py's :attention and :attention_ordered
-#                                         in each form (FLASHCHECK_GLUON_BWD) side by side, then
+#                                         in each form (FLASHCHECK_GLUON_BWD) side by side with
+#                                         the gate under BWD39_FORM, then
 #                                         each form's verdict (scripts/gpu/bwd39_verdict.py:
 #                                         bwd39-verdict.md), then the quick bench under
 #                                         BWD39_FORM (default split);
@@ -163,6 +164,10 @@ if has bwd39; then
         --keep-going --seed "${FUZZ_SEED:-20261213}" --workers 3 --out "$R/bwd39-fuzz-$entry-$form"
     done
   done
+  # the gate on the committed budgets with BWD39_FORM on (its deterministic calls take the
+  # ordered form), beside the campaigns
+  job bwd39-gate 600 env FLASHCHECK_GLUON_BWD="${BWD39_FORM:-split}" python3 -m flashcheck gate \
+    --device cuda --jobs 4 --out "$R/bwd39-gate"
   wait
   el "bwd39 fuzz done"
   python3 scripts/gpu/bwd39_verdict.py "$R" --json "$R/bwd39-verdict.json" > "$R/bwd39-verdict.md" 2>&1
