@@ -416,14 +416,19 @@ def supported(p: Problem, dtype: torch.dtype, contiguous: bool) -> bool:
             and rows_ok and band_ok and p.mask is None)
 
 
+def form_name(mode: str, deterministic: bool) -> str:
+    """The name of a mode's form (a member of FORMS) for calls of this determinism: the
+    mode itself as its adds come, "<mode>_ordered" for deterministic calls."""
+    return mode + "_ordered" if deterministic else mode
+
+
 def form(deterministic: bool) -> str | None:
     """The kernel form a call of this determinism takes under the current mode
-    (``_common.get_gluon_bwd``): None (the Triton kernels), "split" or "writer" for
-    ``deterministic=False``, "split_ordered" or "writer_ordered" for deterministic calls."""
+    (``_common.get_gluon_bwd``): None (the Triton kernels), else ``form_name``'s."""
     mode = _common.get_gluon_bwd()
     if mode == "off":
         return None
-    return mode + "_ordered" if deterministic else mode
+    return form_name(mode, deterministic)
 
 
 def fits(p: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,

@@ -45,8 +45,7 @@ from flashcheck.kernels import flash_attention_gluon_bwd as gb
 from flashcheck.kernels.bench import kernel_times
 
 # (name, mode, deterministic): each mode's form as its adds come, then its ordered variant
-FORMS = tuple((mode + ("_ordered" if det else ""), mode, det)
-              for det in (False, True) for mode in gb.FORMS)
+FORMS = tuple((gb.form_name(mode, det), mode, det) for det in (False, True) for mode in gb.FORMS)
 NAMES = tuple(name for name, _, _ in FORMS)
 
 
