@@ -140,7 +140,19 @@ def _meta() -> dict:
         driver = "unknown"
     return {"gpu": torch.cuda.get_device_name(), "driver": driver, "torch": torch.__version__,
             "triton": triton.__version__, "cuda": torch.version.cuda,
-            "gluon_bwd": _common.get_gluon_bwd(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "gluon_bwd": gluon_bwd_meta(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def gluon_bwd_meta() -> str:
+    """The Gluon backward mode as the run took it: the mode, or where this Triton cannot
+    build the kernel, that the Triton kernels ran in its place."""
+    import triton
+    from flashcheck.kernels import flash_attention_gluon_bwd
+    mode = _common.get_gluon_bwd()
+    if mode == "off" or flash_attention_gluon_bwd.AVAILABLE:
+        return mode
+    return (f"{mode} asked, not available under triton {triton.__version__} (no Gluon bulk "
+            "reduce-add): the Triton kernels ran")
 
 
 def _peer_fn(impl: str, causal: bool, q):

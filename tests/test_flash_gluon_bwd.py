@@ -505,3 +505,18 @@ def test_the_bwd39_verdict_takes_the_mode_whose_forms_all_pass(tmp_path, capsys)
         script.main([str(tmp_path)])
     assert exc.value.code == 2 and "DIR must hold the bwd39 phase's output" in \
         capsys.readouterr().err
+
+
+def test_the_bench_header_says_when_the_gluon_backward_asked_for_could_not_run(monkeypatch):
+    """kernels/bench.py's meta["gluon_bwd"]: the mode where the kernel can be built, and
+    where this Triton cannot build it, that the Triton kernels ran in its place (a bench
+    under triton 3.6 with the switch on measures the Triton kernels)."""
+    from flashcheck.kernels import bench
+    assert bench.gluon_bwd_meta() == "off"
+    with _common.gluon_bwd("writer"):
+        monkeypatch.setattr(gb, "AVAILABLE", True)
+        assert bench.gluon_bwd_meta() == "writer"
+        monkeypatch.setattr(gb, "AVAILABLE", False)
+        meta = bench.gluon_bwd_meta()
+    assert meta.startswith("writer asked, not available under triton ") and \
+        meta.endswith("the Triton kernels ran")

@@ -506,3 +506,29 @@ def test_bad_new_flags_exit_2_naming_the_argument(argv, needle, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0]
+
+
+def test_a_failure_that_is_a_harness_error_each_time_is_kept_as_one_not_as_a_wrong_kernel():
+    """fuzz's fresh-worker classification of a flaky failure: when every failing re-run
+    was a harness_error (e.g. the bounds stage out of GPU memory beside other campaigns),
+    the kind is ``harness``, not ``random``; one real wrong answer among them keeps it
+    ``random``."""
+    from types import SimpleNamespace
+
+    from flashcheck.verify import fuzz
+
+    def campaign(outcomes):
+        it = iter(outcomes)
+
+        def check(case, fresh=False, confirm=False):
+            o = next(it)
+            return SimpleNamespace(status="pass" if o == "pass" else "fail", failure=o)
+        return SimpleNamespace(sup=SimpleNamespace(check=check), _past_deadline=lambda: False)
+
+    runs = ["harness_error", "pass"] * fuzz.FLAKY_RERUNS
+    kind, text, _ = fuzz.Campaign._classify_flaky(campaign(runs), case=None)
+    assert kind == "harness" and "not a judgement of the kernel" in text
+    assert f"{fuzz.FLAKY_RERUNS} of {2 * fuzz.FLAKY_RERUNS} runs" in text
+    runs[1] = "numerical"
+    kind, text, _ = fuzz.Campaign._classify_flaky(campaign(runs), case=None)
+    assert kind == "random" and text.startswith("wrong at random")

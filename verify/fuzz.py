@@ -489,6 +489,13 @@ class Campaign:
         seconds = [r[1] != "pass" for r in runs]
         n_fail = sum(firsts) + sum(seconds)
         n = 2 * len(runs)
+        failed = [b for r in runs for b in r if b != "pass"]
+        if failed and all(b == "fail (harness_error)" for b in failed):
+            # e.g. the harness's own GPU work out of memory beside other processes: kept
+            # (never lost), but named for what it is, not as a kernel wrong at random
+            return ("harness", f"the harness could not judge it in {n_fail} of {n} runs in "
+                    "fresh workers (harness_error each time; the first run's reason says "
+                    "why): not a judgement of the kernel", runs)
         if all(firsts) and not any(seconds):
             return ("first_use", "wrong on first use: fails on its first run in a fresh worker "
                     "and passes when repeated there", runs)
