@@ -520,3 +520,38 @@ def test_the_bench_header_says_when_the_gluon_backward_asked_for_could_not_run(m
         meta = bench.gluon_bwd_meta()
     assert meta.startswith("writer asked, not available under triton ") and \
         meta.endswith("the Triton kernels ran")
+
+
+def test_the_bwd39_verdict_reads_racecheck_summaries_and_tells_the_loader_probe_apart(tmp_path):
+    """bwd39_verdict.py on compute-sanitizer's logs as the H200 wrote them: racecheck's
+    hazards (its summary line, not ERROR SUMMARY) fail every form with the source lines they
+    name; memcheck's refused cuFuncSetAttribute in Triton's loadBinary (the oversized
+    shared-memory probe triton 3.9 falls back from) fails nothing, but errors past the print
+    limit, which cannot be told apart, do; 'N errors were not printed' is not counted twice."""
+    script = load("scripts/gpu/bwd39_verdict.py")
+    probe = ("========= Program hit CUDA_ERROR_INVALID_VALUE (error 1) due to \"invalid argument\""
+             " on CUDA API call to cuFuncSetAttribute.\n"
+             "=========     Saved host backtrace up to driver entry point at error\n"
+             "=========         Host Frame: loadBinary [0x4c33] in cuda_utils.so\n"
+             "=========         Host Frame:  [0x18218f] in python3\n=========\n")
+    race = ("========= Error: Race reported between Write access at _bwd_kernel+0x4790 in "
+            "flash_attention_gluon_bwd.py:325\n=========     and Read access at "
+            "_bwd_kernel+0x4850 in flash_attention_gluon_bwd.py:325 [5 hazards]\n")
+
+    def problems(tool, text):
+        p = {form: [] for form in script.FORMS}
+        script._sanitizer(tool, text, p)
+        assert all(v == p[script.FORMS[0]] for v in p.values())  # no kernel named: all
+        return p[script.FORMS[0]]
+
+    racecheck = problems("racecheck", race + "========= RACECHECK SUMMARY: 1 hazard displayed "
+                         "(5 errors, 0 warnings)\nexit=0\n")
+    assert racecheck == ["racecheck: 5 reported error(s) at flash_attention_gluon_bwd.py:325, "
+                         "exit 0"]
+    clean = "ok split causal=False hkv=1: launches 1\n========= ERROR SUMMARY: {} errors\nexit=0\n"
+    assert problems("memcheck", probe * 3 + clean.format(3)) == []
+    assert problems("memcheck", probe * 3 + clean.format(5) + "========= ERROR SUMMARY: 2 "
+                    "errors were not printed. Use --print-limit option\n") == \
+        ["memcheck: 2 reported error(s) (besides 3 of Triton's loader probe), exit 0"]
+    assert problems("synccheck", "ok\n") == ["synccheck: no error summary (the run did not "
+                                             "finish), exit None"]

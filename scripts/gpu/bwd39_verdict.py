@@ -12,9 +12,12 @@ DIR: the phase's collected output (gpu_out, or where `collect` unpacked it). Per
 - the GPU tests (bwd39-pytest.log): a failed test whose id names the form fails it, one
   that names none fails every form;
 - compute-sanitizer on every form (bwd39-{racecheck,memcheck,synccheck}.log): a "BAD" line
-  fails its form; reported errors, no error summary (the run did not finish) or a nonzero
-  exit without BAD lines fail every form (the tool does not say which kernel);
-- the campaigns (bwd39-fuzz-ENTRY-MODE/summary.json): examples run and no failure.
+  fails its form; reported errors (racecheck's summary too; less Triton 3.9's loader probe,
+  a refused cuFuncSetAttribute it falls back from), no error summary (the run did not
+  finish) or a nonzero exit without BAD lines fail every form (the tool does not say which
+  kernel), with the source lines the reports name;
+- the campaigns (bwd39-fuzz-ENTRY-MODE/summary.json): examples run and no failure (each
+  named with its class and reason).
 
 A mode passes when both its forms do (a mode serves both determinisms); of those that pass,
 the one whose ordered form is fastest (the default backward is deterministic) is the one
@@ -116,7 +119,19 @@ def _pytest(text: str | None, problems: dict[str, list[str]], other: list[str]) 
             problems[form].append("GPU tests: none passed")
 
 
+# Triton 3.9's loader asks for oversized shared memory first and falls back to the
+# Hopper call when the driver refuses (driver.c, loadBinary): one refused API call per
+# kernel loaded, under memcheck's API-error reporting; not an error of any kernel.
+_LOADER_PROBE = re.compile(r"Program hit CUDA_ERROR_INVALID_VALUE \(error 1\) due to "
+                           r"\"invalid argument\" on CUDA API call to cuFuncSetAttribute\."
+                           r"(?:\n=+ +[^\n]*){1,3}Host Frame: loadBinary ")
+
+
 def _sanitizer(tool: str, text: str | None, problems: dict[str, list[str]]) -> None:
+    """compute-sanitizer's log: BAD lines (the script's own comparison) fail their form;
+    the tool's reported errors, less Triton's loader probe (counted only where printed:
+    errors past --print-limit cannot be told apart), fail every form, with the source
+    lines the hazards name."""
     if text is None:
         for form in FORMS:
             problems[form].append(f"{tool}: no log")
@@ -125,13 +140,25 @@ def _sanitizer(tool: str, text: str | None, problems: dict[str, list[str]]) -> N
     for name, where in bad:
         if name in problems:
             problems[name].append(f"{tool}: disagrees with ours at {where}")
-    errors = [int(n) for n in re.findall(r"ERROR SUMMARY: (\d+) error", text)]
+    totals = [int(n) for n in re.findall(r"ERROR SUMMARY: (\d+) errors?\s*$", text, re.M)]
+    totals += [int(n) for n in re.findall(r"RACECHECK SUMMARY: .*?\((\d+) errors?", text)]
     code = _exit_code(text)
-    # exit 1 with BAD lines is the script's own verdict, already attributed
-    if any(errors) or not errors or code not in (0, None) and not bad:
+    if not totals:
+        msg = f"{tool}: no error summary (the run did not finish), exit {code}"
+    else:
+        probes = len(_LOADER_PROBE.findall(text))
+        errors = sum(totals) - probes
+        where = sorted(set(re.findall(r"(?:Race reported|Invalid|Misaligned|Out-of-range)"
+                                      r"[^\n]* in (\S+:\d+)", text)))
+        msg = (f"{tool}: {errors} reported error(s)"
+               + (f" at {', '.join(where)}" if where else "")
+               + (f" (besides {probes} of Triton's loader probe)" if probes else "")
+               + f", exit {code}") if errors > 0 else None
+        if msg is None and code not in (0, None) and not bad:
+            msg = f"{tool}: exit {code}"
+    if msg:
         for form in FORMS:
-            problems[form].append(f"{tool}: {sum(errors) if errors else 'no'} reported "
-                                  f"error(s), exit {code}")
+            problems[form].append(msg)
 
 
 def _campaign(path: Path, problems: list[str]) -> int:
@@ -142,11 +169,22 @@ def _campaign(path: Path, problems: list[str]) -> int:
         return 0
     if s.get("failures"):
         problems.append(f"campaign {path.name}: {len(s['failures'])} failure(s): "
-                        + ", ".join(Path(p).name for p in s["failures"][:3]))
+                        + ", ".join(_failure(path, p) for p in s["failures"][:3]))
     elif s.get("exit") not in (0, None) or not s.get("examples"):
         problems.append(f"campaign {path.name}: exit {s.get('exit')}, "
                         f"{s.get('examples')} examples")
     return int(s.get("examples") or 0)
+
+
+def _failure(campaign: Path, recorded: str) -> str:
+    """A campaign's failure file by name, with its class and reason where the file is
+    there (a harness_error is the harness's, e.g. out of GPU memory beside other jobs)."""
+    name = Path(recorded).name
+    try:
+        v = json.loads((campaign / "failures" / name).read_text())["verdict"]
+    except (OSError, ValueError, KeyError):
+        return name
+    return f"{name} ({v.get('failure')}: {str(v.get('reason', ''))[:160]})"
 
 
 def _read(path: Path) -> str | None:
