@@ -94,6 +94,11 @@
 #                                         bwd39-verdict.md), then the quick bench under
 #                                         BWD39_FORM (default writer);
 #                                         longer than one call: `detach bwd39`, then `collect`
+#   bash scripts/gpu/session.sh bwdrace   racecheck's hazards in the Gluon kernels under triton
+#                                         3.9 (carry .triton), each with its threads and
+#                                         addresses (--racecheck-report hazard), and the SASS
+#                                         of every compiled _bwd_kernel / _fwd_kernel beside
+#                                         its metadata, to read the offsets the log names
 # Several phases may share one call (session.sh throughput peers); they run in this file's order.
 set -uo pipefail
 : "${1:?phase}"
@@ -182,6 +187,23 @@ if has bwd39; then
   FLASHCHECK_GLUON_BWD=${BWD39_FORM:-writer} timeout -s TERM 400 python3 -m flashcheck.kernels.bench \
     --quick --out "$R/bench-bwd39" > "$R/bench-bwd39.log" 2>&1
   el "bwd39 bench exit=$?"
+fi
+if has bwdrace; then
+  # racecheck's hazards in the Gluon kernels traced to instructions: every hazard with both
+  # threads and addresses, and the SASS of each compiled _bwd_kernel / _fwd_kernel (with
+  # its metadata JSON: which form) from this phase's cache
+  el bwdrace
+  use_triton39 bwdrace
+  timeout -s TERM 400 compute-sanitizer --tool racecheck --racecheck-report hazard \
+    --print-limit 1000 python3 scripts/gpu/gluon_bwd.py --check-small > "$R/bwdrace-hazards.log" 2>&1
+  el "bwdrace exit=$?"
+  cuobj=$(command -v cuobjdump || find / -name cuobjdump -type f 2>/dev/null | head -1)
+  mkdir -p "$R/sass"
+  find "$TRITON_CACHE_DIR" \( -name _bwd_kernel.cubin -o -name _fwd_kernel.cubin \) | while read -r c; do
+    d=$(basename "$(dirname "$c")"); n=$(basename "$c" .cubin)
+    "$cuobj" -sass "$c" > "$R/sass/$n-$d.sass" 2>&1; cp "${c%.cubin}.json" "$R/sass/$n-$d.json"
+  done
+  el "bwdrace sass: $(ls "$R/sass" | wc -l) files"
 fi
 if has ab; then
   el ab
