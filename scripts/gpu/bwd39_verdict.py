@@ -143,19 +143,21 @@ def _sanitizer(tool: str, text: str | None, problems: dict[str, list[str]]) -> N
     totals = [int(n) for n in re.findall(r"ERROR SUMMARY: (\d+) errors?\s*$", text, re.M)]
     totals += [int(n) for n in re.findall(r"RACECHECK SUMMARY: .*?\((\d+) errors?", text)]
     code = _exit_code(text)
+    probes = len(_LOADER_PROBE.findall(text))
+    errors = sum(totals) - probes
     if not totals:
         msg = f"{tool}: no error summary (the run did not finish), exit {code}"
-    else:
-        probes = len(_LOADER_PROBE.findall(text))
-        errors = sum(totals) - probes
+    elif errors > 0:
         where = sorted(set(re.findall(r"(?:Race reported|Invalid|Misaligned|Out-of-range)"
                                       r"[^\n]* in (\S+:\d+)", text)))
         msg = (f"{tool}: {errors} reported error(s)"
                + (f" at {', '.join(where)}" if where else "")
                + (f" (besides {probes} of Triton's loader probe)" if probes else "")
-               + f", exit {code}") if errors > 0 else None
-        if msg is None and code not in (0, None) and not bad:
-            msg = f"{tool}: exit {code}"
+               + f", exit {code}")
+    elif code not in (0, None) and not bad:  # exit 1 with BAD lines: already attributed
+        msg = f"{tool}: exit {code}"
+    else:
+        msg = None
     if msg:
         for form in FORMS:
             problems[form].append(msg)
