@@ -607,3 +607,105 @@ def test_cpu_judged_gpu_cases_agree_with_gpu_judged_ones(case):
         assert auto.tensors[n].max_abs == pytest.approx(t.max_abs, rel=1e-6, abs=1e-12), n
     wrong = check_case(amplified(blocked_attention, 4.0), CASE, "cuda", oracle="auto")
     assert wrong.failure == "numerical", wrong.summary()
+
+
+# ------------------------------------------------------------------------------------------
+# out of GPU memory: the check runs again after releasing the cache (check.OOM_PAUSES_S)
+
+
+def _oom(what: str = "CUDA out of memory. Tried to allocate 384.00 MiB") -> torch.OutOfMemoryError:
+    return torch.OutOfMemoryError(what)
+
+
+@pytest.fixture
+def no_pauses(monkeypatch):
+    import flashcheck.verify.check as chk
+
+    monkeypatch.setattr(chk, "OOM_PAUSES_S", (0.0, 0.0))
+    return chk
+
+
+def test_judging_out_of_memory_once_is_retried_and_recorded(no_pauses, monkeypatch):
+    """A peer's case held the GPU while this one's float64 reference ran: the check runs
+    again and passes, and the verdict says the first run was out of memory."""
+    real, calls = no_pauses._reference, []
+
+    def reference(*a, **kw):
+        calls.append(1)
+        if len(calls) == 1:
+            raise _oom()
+        return real(*a, **kw)
+
+    monkeypatch.setattr(no_pauses, "_reference", reference)
+    v = check_case("sdpa-math", CASE, "cpu")
+    assert v.status == "pass", v.reason
+    assert len(calls) == 2
+    (note,) = v.observations["oom_retried"]
+    assert note.startswith("OutOfMemoryError: CUDA out of memory. Tried to allocate 384.00 MiB")
+
+
+def test_judging_out_of_memory_every_time_raises_after_the_last_run(no_pauses, monkeypatch):
+    """Out of memory on every run: the judging's error propagates (a supervised worker
+    keeps the case as a harness_error); one run per pause, then the last."""
+    calls = []
+
+    def reference(*a, **kw):
+        calls.append(1)
+        raise _oom()
+
+    monkeypatch.setattr(no_pauses, "_reference", reference)
+    with pytest.raises(torch.OutOfMemoryError):
+        check_case("sdpa-math", CASE, "cpu")
+    assert len(calls) == len(no_pauses.OOM_PAUSES_S) + 1
+
+
+def _oom_kernel(fail_calls: int):
+    """The correct blocked kernel, whose first ``fail_calls`` forward calls in a check run
+    out of memory; ``attention.calls`` counts the check's calls (the domain probes of its
+    first check, cached per kernel, run before it starts counting)."""
+    def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                  scale=None, enable_gqa=False):
+        attention.calls += 1
+        if attention.calls <= attention.fail_calls:
+            raise _oom()
+        return blocked_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                 enable_gqa)
+    attention.calls, attention.fail_calls = 0, 0
+    assert check_case(attention, CASE, "cpu").status == "pass"
+    attention.calls, attention.fail_calls = 0, fail_calls
+    return attention
+
+
+def test_kernel_out_of_memory_once_is_retried(no_pauses):
+    k = _oom_kernel(1)
+    v = check_case(k, CASE, "cpu")
+    assert v.status == "pass", v.reason
+    assert k.calls == 3  # the run out of memory, then the two calls of the repeat check
+    assert len(v.observations["oom_retried"]) == 1
+
+
+def test_kernel_out_of_memory_on_every_run_is_its_raised_failure(no_pauses):
+    """A kernel that needs more memory than the GPU has, run after run, is not excused:
+    the last run's error is its ``raised`` failure, with the earlier runs recorded."""
+    k = _oom_kernel(10**6)
+    v = check_case(k, CASE, "cpu")
+    assert (v.status, v.failure) == ("fail", "raised")
+    assert "OutOfMemoryError: CUDA out of memory" in v.reason
+    assert k.calls == len(no_pauses.OOM_PAUSES_S) + 1
+    assert len(v.observations["oom_retried"]) == len(no_pauses.OOM_PAUSES_S)
+
+
+def test_release_cache_returns_only_what_exceeds_keep(monkeypatch):
+    import flashcheck.verify.check as chk
+
+    assert chk.release_cache("cpu") is False
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda dev: 5 << 30)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda dev: 4 << 30)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    assert chk.release_cache("cuda:0") is False  # 1 GiB cached: kept
+    assert chk.release_cache("cuda:0", keep=0) is True
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda dev: 1 << 30)
+    assert chk.release_cache("cuda:0") is True
+    assert emptied == [1, 1]

@@ -73,8 +73,8 @@ from flashcheck.verify.bounds import (
 from flashcheck.verify.cases import Case, Inputs
 from flashcheck.verify.metrics import abs_error, overflow_threshold, tensor_metrics
 
-__all__ = ["TensorReport", "Verdict", "check_case", "error_ratio", "check_nan_propagation",
-           "BASELINE_BLOCK", "ORACLE_DEVICES", "oracle_device"]
+__all__ = ["TensorReport", "Verdict", "check_case", "release_cache", "error_ratio",
+           "check_nan_propagation", "BASELINE_BLOCK", "ORACLE_DEVICES", "oracle_device"]
 
 # Tile sizes of the emulated baseline member. Large tiles keep the Python loop short; other
 # tilings are members of the family themselves (reference/family.py).
@@ -93,6 +93,19 @@ GRADS = ("dq", "dk", "dv")
 # (where one bmm of the bounds already costs more on a core than the launches on a GPU).
 # The choice depends on the case only, so a case file replays to the same verdict.
 ORACLE_CPU_MAX_WORK = 1 << 21
+# Out of GPU memory, a case is run again after these pauses (s), one run each: the processes
+# of a campaign share the GPU (up to 16 workers, one per core), and a peer's largest case
+# holds its float64 tensors for its judging, 0.3-2.2 s (reference + baseline + bounds of the
+# B*Hq*Nq*Nk*D = 2**32 cases kept in docs/reports/h200), so 1 s then 4 s outlast a peer's
+# case and the one it starts next; 5 s in all is a twelfth of the case timeout's 60 s base
+# (verify/supervise.py BASE_TIMEOUT_S).
+OOM_PAUSES_S = (1.0, 4.0)
+# Cached, unused GPU memory a worker keeps between cases (release_cache): PyTorch's allocator
+# keeps every block a case freed, so N workers that each once judged a large case hold N
+# times its peak (7-15 GiB each in a 16-process run on the H200) and starve the next one.
+# 1 GiB each is 16 GiB for 16 workers, a fifth of an 80 GiB H100; a case that freed more
+# than that allocated over 1 GiB, and re-allocating it costs a few cudaMalloc calls (ms).
+KEEP_CACHED_BYTES = 1 << 30
 _FAIL_ORDER = ("raised", "input_mutated", "aliased_output", "bad_output", "masked_rows",
                "nonfinite", "nondeterministic", "subnormals_flushed", "numerical")
 
@@ -642,11 +655,29 @@ def oracle_device(case, device: str, oracle: str | None = None) -> str:
     return "cpu" if work <= ORACLE_CPU_MAX_WORK else device
 
 
+def release_cache(device: str, keep: int = KEEP_CACHED_BYTES) -> bool:
+    """Give PyTorch's cached, unused GPU memory on ``device`` back to the driver when it
+    exceeds ``keep`` bytes (KEEP_CACHED_BYTES); True when it did. Nothing on the CPU."""
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return False
+    if torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev) <= keep:
+        return False
+    torch.cuda.empty_cache()
+    return True
+
+
 def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseline: bool = True,
                inputs: Inputs | None = None, drawn: dict | None = None,
                strict_subnormals: bool = False, family: str = "lazy",
                oracle: str | None = None) -> Verdict:
-    """Run ``kernel`` on ``case`` and judge it (module docstring). ``inputs`` given: those
+    """Run ``kernel`` on ``case`` and judge it (module docstring). Out of GPU memory, in the
+    judging or in the kernel, the whole check is run again after the cache is released and a
+    pause (OOM_PAUSES_S, one run per pause): the processes of a campaign share the GPU, and a
+    peer's case holds memory only for a while. The verdict then records each out-of-memory
+    run in ``observations["oom_retried"]``. Out of memory on the last run: the kernel's is a
+    ``raised`` failure, the judging's propagates (a supervised worker's ``harness_error``).
+    ``inputs`` given: those
     (captured) tensors instead of ``case.materialize(device)``; ``drawn``: ``case.draw()``
     done beforehand (a sweep draws the next case while this one runs).
     ``strict_subnormals``: a subnormal result flushed to 0 is a failure
@@ -659,6 +690,30 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
     names the member that sets each tensor's tolerance on passing cases too.
     ``oracle``: where the reference, family, bounds and metrics run (:func:`oracle_device`);
     the kernel always runs on ``device``."""
+    kw = dict(baseline=baseline, inputs=inputs, drawn=drawn, strict_subnormals=strict_subnormals,
+              family=family, oracle=oracle)
+    retried: list[str] = []
+    for pause in (*OOM_PAUSES_S, None):
+        try:
+            verdict = _check_once(kernel, case, device, oom_raises=pause is not None, **kw)
+        except torch.OutOfMemoryError as e:
+            if pause is None:
+                raise
+            retried.append(describe_exception(e))
+            release_cache(device, keep=0)
+            time.sleep(pause)
+            continue
+        if retried:
+            verdict.observations["oom_retried"] = retried
+        return verdict
+    raise AssertionError("unreachable: the last run returns or raises")
+
+
+def _check_once(kernel, case: Case, device: str, *, baseline: bool, inputs: Inputs | None,
+                drawn: dict | None, strict_subnormals: bool, family: str, oracle: str | None,
+                oom_raises: bool) -> Verdict:
+    """One run of :func:`check_case`; ``oom_raises``: the kernel's own out-of-memory error
+    propagates (to be retried) instead of becoming a ``raised`` verdict."""
     if family not in ("lazy", "full"):
         raise ValueError(f"family must be 'lazy' or 'full', got {family!r}")
     t_start = time.perf_counter()
@@ -794,6 +849,8 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
             with clock("kernel_fwd" if i == 0 else "kernel_fwd_repeat"), torch.enable_grad():
                 outs.append(k.call(run))
         except Exception as e:
+            if oom_raises and isinstance(e, torch.OutOfMemoryError):
+                raise
             if is_clear_rejection(e) and not k.declares_domain:
                 # A probed (undeclared) domain: a clear rejection is "outside the domain".
                 verdict.reason = describe_exception(e)
@@ -825,6 +882,8 @@ def check_case(kernel: Kernel | object | str, case: Case, device: str, *, baseli
                 grads = torch.autograd.grad(out, [run1.query, run1.key, run1.value],
                                             run1.grad_out, allow_unused=True)
         except Exception as e:
+            if oom_raises and isinstance(e, torch.OutOfMemoryError):
+                raise
             verdict.observations["exception"] = exception_info(e, kernel_source_root(k),
                                                                "backward")
             return fail("raised", f"backward raised: {describe_exception(e)}")

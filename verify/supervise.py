@@ -262,7 +262,7 @@ def _worker_main(conn, spec: str, device: str, threads: int | None, dump_path: s
         torch.set_num_threads(threads)
     from flashcheck.verify.adapters import describe_exception, kernel_source_root, resolve_kernel
     from flashcheck.verify.cases import Case
-    from flashcheck.verify.check import check_case
+    from flashcheck.verify.check import check_case, release_cache
 
     try:
         kernel = resolve_kernel(spec, device)
@@ -321,6 +321,9 @@ def _worker_main(conn, spec: str, device: str, threads: int | None, dump_path: s
             elif cuda:
                 try:
                     torch.cuda.synchronize()
+                    # the GPU is shared with the campaign's other workers: a large case's
+                    # freed blocks go back to the driver, not into this process's cache
+                    release_cache(device)
                 except Exception as e:  # a sticky error from an asynchronous launch
                     poisoned = True
                     verdict.status, verdict.failure = "fail", "cuda_error"
