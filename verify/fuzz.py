@@ -487,9 +487,8 @@ class Campaign:
             return "unclassified", "not re-run: the time budget is spent", runs
         firsts = [r[0] != "pass" for r in runs]
         seconds = [r[1] != "pass" for r in runs]
-        n_fail = sum(firsts) + sum(seconds)
-        n = 2 * len(runs)
         failed = [b for r in runs for b in r if b != "pass"]
+        n_fail, n = len(failed), 2 * len(runs)
         if failed and all(b == "fail (harness_error)" for b in failed):
             # e.g. the harness's own GPU work out of memory beside other processes: kept
             # (never lost), but named for what it is, not as a kernel wrong at random
