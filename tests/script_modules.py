@@ -19,6 +19,9 @@ def load(path: str | Path, name: str | None = None):
     path = path if path.is_absolute() else ROOT / path
     spec = importlib.util.spec_from_file_location(name or path.stem, path)
     mod = importlib.util.module_from_spec(spec)
+    # registered before it runs, as an import does: a dataclass of the module looks its
+    # module up by name
+    sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
 

@@ -47,6 +47,10 @@ from flashcheck.kernels.bench import kernel_times
 # (name, mode, deterministic): each mode's form as its adds come, then its ordered variant
 FORMS = tuple((gb.form_name(mode, det), mode, det) for det in (False, True) for mode in gb.FORMS)
 NAMES = tuple(name for name, _, _ in FORMS)
+# --check-small's shape and its (Hkv, causal) configurations, in the order it runs them
+# (scripts/gpu/race_trace.py compiles the same kernels to trace racecheck's reports)
+SMALL = dict(B=1, H=2, N=256, D=128)
+SMALL_CONFIGS = tuple((hkv, causal) for hkv in (2, 1) for causal in (False, True))
 
 
 def _inputs(B, Hq, Hkv, N, D, causal, seed=0):
@@ -161,21 +165,21 @@ def table(*runs: dict) -> str:
 
 def _check_small() -> int:
     bad = 0
-    for hkv in (2, 1):
-        for causal in (False, True):
-            q, k, v, do, o, lse, p = _inputs(1, 2, hkv, 256, 128, causal)
-            args = (do, q, k, v, o, lse, p)
-            want = fa._backward(*args, True, False)
-            for name, mode, det in FORMS:
-                before = gb.LAUNCHES[0]
-                got = _form_call(mode, det, args)()
-                torch.cuda.synchronize()
-                worst = worst_ulps(_ulps(got, want))
-                ok = worst <= 1 and gb.LAUNCHES[0] == before + 1
-                bad += not ok
-                print(f"{'ok ' if ok else 'BAD'} {name} causal={causal} "
-                      f"hkv={hkv}: launches {gb.LAUNCHES[0] - before}, max |diff| / 4 ulps "
-                      f"{worst:.3g}", flush=True)
+    for hkv, causal in SMALL_CONFIGS:
+        q, k, v, do, o, lse, p = _inputs(SMALL["B"], SMALL["H"], hkv, SMALL["N"], SMALL["D"],
+                                         causal)
+        args = (do, q, k, v, o, lse, p)
+        want = fa._backward(*args, True, False)
+        for name, mode, det in FORMS:
+            before = gb.LAUNCHES[0]
+            got = _form_call(mode, det, args)()
+            torch.cuda.synchronize()
+            worst = worst_ulps(_ulps(got, want))
+            ok = worst <= 1 and gb.LAUNCHES[0] == before + 1
+            bad += not ok
+            print(f"{'ok ' if ok else 'BAD'} {name} causal={causal} "
+                  f"hkv={hkv}: launches {gb.LAUNCHES[0] - before}, max |diff| / 4 ulps "
+                  f"{worst:.3g}", flush=True)
     return 1 if bad else 0
 
 

@@ -98,7 +98,8 @@
 #                                         3.9 (carry .triton), each with its threads and
 #                                         addresses (--racecheck-report hazard), and the SASS
 #                                         of every compiled _bwd_kernel / _fwd_kernel beside
-#                                         its metadata, to read the offsets the log names
+#                                         its metadata; traced anywhere after: race_trace.py
+#                                         compile (no GPU), then trace on bwdrace-hazards.log
 # Several phases may share one call (session.sh throughput peers); they run in this file's order.
 set -uo pipefail
 : "${1:?phase}"
@@ -189,9 +190,10 @@ if has bwd39; then
   el "bwd39 bench exit=$?"
 fi
 if has bwdrace; then
-  # racecheck's hazards in the Gluon kernels traced to instructions: every hazard with both
-  # threads and addresses, and the SASS of each compiled _bwd_kernel / _fwd_kernel (with
-  # its metadata JSON: which form) from this phase's cache
+  # racecheck's hazards in the Gluon kernels: every hazard with both threads and addresses,
+  # for scripts/gpu/race_trace.py trace (which reads them in the machine code its compile
+  # builds without a GPU), and the SASS of each _bwd_kernel / _fwd_kernel compiled here (with
+  # its metadata JSON), to check that compile's machine code is this device's
   el bwdrace
   use_triton39 bwdrace
   timeout -s TERM 400 compute-sanitizer --tool racecheck --racecheck-report hazard \

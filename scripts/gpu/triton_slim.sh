@@ -40,7 +40,7 @@ case "${1:-}" in
     export TRITON_PTXAS_BLACKWELL_PATH
     export PYTHONPATH=/tmp/triton-slim:$PWD
     python3 -c "import triton; print('triton', triton.__version__, triton.__file__)"
-    "$TRITON_PTXAS_BLACKWELL_PATH" --version | tail -n 1
+    "$TRITON_PTXAS_BLACKWELL_PATH" --version | tail -n 2  # the release, then its build
     ;;
   *) echo "usage: triton_slim.sh pack VERSION | . triton_slim.sh use" >&2; return 2 2>/dev/null || exit 2 ;;
 esac
