@@ -555,3 +555,37 @@ def test_the_bwd39_verdict_reads_racecheck_summaries_and_tells_the_loader_probe_
         ["memcheck: 2 reported error(s) (besides 3 of Triton's loader probe), exit 0"]
     assert problems("synccheck", "ok\n") == ["synccheck: no error summary (the run did not "
                                              "finish), exit None"]
+
+
+def test_the_bwd39_verdict_accepts_racecheck_reports_traced_to_the_hand_off(tmp_path, capsys):
+    """With --race-sass (race_trace.py compile's folder), racecheck's reports fail nothing
+    when every error is a displayed report traced to Triton's warp-specialize hand-off;
+    errors not displayed, or a report on a kernel's own buffer, still fail every form."""
+    from tests.test_race_trace import _sass_dir
+
+    script = load("scripts/gpu/bwd39_verdict.py")
+    (tmp_path / "sass").mkdir()
+    sass = _sass_dir(tmp_path / "sass")
+    race = ("========= Error: Race reported between Write access at _bwd_kernel+0x4790 in "
+            "bwd.py:325\n=========     and Read access at _bwd_kernel+0x4850 in bwd.py:325 "
+            "[5 hazards]\n=========\nok  split causal=False hkv=2: launches 1\n")
+
+    def run(errors, log=race):
+        p, notes = {form: [] for form in script.FORMS}, []
+        script._sanitizer("racecheck", log + "========= RACECHECK SUMMARY: 1 hazard displayed "
+                          f"({errors} errors, 0 warnings)\nexit=0\n", p, sass, notes)
+        assert all(v == p[script.FORMS[0]] for v in p.values())
+        return p[script.FORMS[0]], notes
+
+    assert run(1) == ([], [f"racecheck: all 1 reports traced to Triton's warp-specialize "
+                           f"hand-off (race_trace.py, machine code of {sass})"])
+    assert run(3) == (["racecheck: 3 error(s); race_trace.py: 0 of 1 displayed touch the "
+                       "kernels' own buffers or could not be placed, 2 not displayed"], [])
+    assert run(1, race.replace("0x4790 in", "0x4860 in"))[0] == [
+        "racecheck: 1 error(s); race_trace.py: 1 of 1 displayed touch the kernels' own "
+        "buffers or could not be placed"]
+    out = _bwd39_out(tmp_path / "out")
+    with pytest.raises(SystemExit) as exc:
+        script.main([str(out), "--race-sass", str(tmp_path / "out")])
+    assert exc.value.code == 2
+    assert "--race-sass must be race_trace.py compile's folder" in capsys.readouterr().err

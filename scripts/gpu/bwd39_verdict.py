@@ -1,6 +1,6 @@
 """What `session.sh bwd39` found, form by form, and which Gluon backward mode to take next.
 
-    python3 scripts/gpu/bwd39_verdict.py DIR [--json FILE]
+    python3 scripts/gpu/bwd39_verdict.py DIR [--json FILE] [--race-sass SASS_DIR]
 
 DIR: the phase's collected output (gpu_out, or where `collect` unpacked it). Per form
 ("split", "writer" as their adds come; "split_ordered", "writer_ordered" deterministic):
@@ -15,7 +15,9 @@ DIR: the phase's collected output (gpu_out, or where `collect` unpacked it). Per
   fails its form; reported errors (racecheck's summary too; less Triton 3.9's loader probe,
   a refused cuFuncSetAttribute it falls back from), no error summary (the run did not
   finish) or a nonzero exit without BAD lines fail every form (the tool does not say which
-  kernel), with the source lines the reports name;
+  kernel), with the source lines the reports name; with --race-sass (scripts/gpu/
+  race_trace.py compile's folder), racecheck's reports fail nothing when every one is
+  displayed and traced to Triton's warp-specialize hand-off;
 - the campaigns (bwd39-fuzz-ENTRY-MODE/summary.json): examples run and no failure (each
   named with its class and reason).
 
@@ -37,11 +39,19 @@ import re
 import sys
 from pathlib import Path
 
+
+def _script(name: str):
+    """A script beside this one, as a module."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(
+            f"{name}.py"))
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
 # The timing script's forms, (name, mode, deterministic), and its 4-ulp ratio
-_spec = importlib.util.spec_from_file_location("gluon_bwd", Path(__file__).with_name(
-    "gluon_bwd.py"))
-_timing_script = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_timing_script)
+_timing_script = _script("gluon_bwd")
 FORMS = _timing_script.NAMES
 _FORM = {name: (mode, det) for name, mode, det in _timing_script.FORMS}  # -> (mode, det)
 _NAME = {form: name for name, form in _FORM.items()}  # (mode, deterministic) -> name
@@ -127,11 +137,30 @@ _LOADER_PROBE = re.compile(r"Program hit CUDA_ERROR_INVALID_VALUE \(error 1\) du
                            r"(?:\n=+ +[^\n]*){1,3}Host Frame: loadBinary ")
 
 
-def _sanitizer(tool: str, text: str | None, problems: dict[str, list[str]]) -> None:
+def _traced(text: str, errors: int, race_sass: Path) -> tuple[str | None, str]:
+    """racecheck's reports read by scripts/gpu/race_trace.py in the machine code of
+    ``race_sass`` (its compile): (problem, note). No problem when every error is a
+    displayed report whose bytes are all Triton's warp-specialize hand-off."""
+    rt = _script("race_trace")
+    reports = rt.parse_log(text)
+    _, bad = rt.trace(reports, race_sass)
+    if reports and not bad and len(reports) == errors:
+        return None, (f"racecheck: all {errors} reports traced to Triton's warp-specialize "
+                      f"hand-off (race_trace.py, machine code of {race_sass})")
+    untraced = errors - len(reports)
+    return (f"racecheck: {errors} error(s); race_trace.py: {bad} of {len(reports)} displayed "
+            f"touch the kernels' own buffers or could not be placed"
+            + (f", {untraced} not displayed" if untraced > 0 else "")), ""
+
+
+def _sanitizer(tool: str, text: str | None, problems: dict[str, list[str]],
+               race_sass: Path | None = None, notes: list[str] | None = None) -> None:
     """compute-sanitizer's log: BAD lines (the script's own comparison) fail their form;
     the tool's reported errors, less Triton's loader probe (counted only where printed:
     errors past --print-limit cannot be told apart), fail every form, with the source
-    lines the hazards name."""
+    lines the hazards name. racecheck's, with ``race_sass`` (race_trace.py compile's
+    folder), fail nothing where every one is traced to Triton's warp-specialize hand-off
+    (the tracing goes to ``notes``)."""
     if text is None:
         for form in FORMS:
             problems[form].append(f"{tool}: no log")
@@ -147,6 +176,10 @@ def _sanitizer(tool: str, text: str | None, problems: dict[str, list[str]]) -> N
     errors = sum(totals) - probes
     if not totals:
         msg = f"{tool}: no error summary (the run did not finish), exit {code}"
+    elif errors > 0 and tool == "racecheck" and race_sass is not None:
+        msg, note = _traced(text, errors, race_sass)
+        if note and notes is not None:
+            notes.append(note)
     elif errors > 0:
         where = sorted(set(re.findall(r"(?:Race reported|Invalid|Misaligned|Out-of-range)"
                                       r"[^\n]* in (\S+:\d+)", text)))
@@ -196,9 +229,10 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def verdict(out: Path) -> dict:
+def verdict(out: Path, race_sass: Path | None = None) -> dict:
     """Each form's problems, speeds and campaign examples, each mode's standing, and the
-    mode to take (None when none passes)."""
+    mode to take (None when none passes). ``race_sass``: racecheck's reports traced
+    (:func:`_sanitizer`)."""
     rows = []
     for name in ("bwd39.json", "bwd39_ordered.json"):
         text = _read(out / name)
@@ -216,9 +250,10 @@ def verdict(out: Path) -> dict:
                            geomean_x_cudnn=math.prod(speeds) ** (1 / len(speeds))
                            if speeds else None, slower_than_ours=slower)
     other: list[str] = []
+    notes: list[str] = []
     _pytest(_read(out / "bwd39-pytest.log"), problems, other)
     for tool in SANITIZERS:
-        _sanitizer(tool, _read(out / f"bwd39-{tool}.log"), problems)
+        _sanitizer(tool, _read(out / f"bwd39-{tool}.log"), problems, race_sass, notes)
     for form in FORMS:
         mode, deterministic = _FORM[form]
         entry = "attention_ordered" if deterministic else "attention"
@@ -231,7 +266,7 @@ def verdict(out: Path) -> dict:
     passing = [m for m in MODES if not any(problems[_NAME[m, d]] for d in (False, True))]
     take = max(passing, key=lambda m: forms[_NAME[m, True]]["geomean_x_cudnn"] or 0.0,
                default=None)
-    return dict(forms=forms, passing_modes=passing, take=take, other=other)
+    return dict(forms=forms, passing_modes=passing, take=take, other=other, notes=notes)
 
 
 def report(v: dict) -> str:
@@ -247,6 +282,7 @@ def report(v: dict) -> str:
                      f"| {f['campaign_examples']} | {probs} |")
     if v["other"]:
         lines.append("\nBeside the backward: " + "; ".join(v["other"]))
+    lines += [f"\n{note}." for note in v.get("notes", ())]
     take = v["take"]
     if take is None:
         lines.append("\nNo mode passes: keep FLASHCHECK_GLUON_BWD off; the problems above say "
@@ -271,11 +307,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path, metavar="DIR", help="the bwd39 phase's output folder")
     ap.add_argument("--json", type=Path, help="also write the verdict as JSON here")
+    ap.add_argument("--race-sass", type=Path, default=None, metavar="DIR",
+                    help="scripts/gpu/race_trace.py compile's folder: racecheck's reports "
+                         "traced there, those all in Triton's warp-specialize hand-off fail "
+                         "nothing")
     args = ap.parse_args(argv)
+    if args.race_sass is not None and not any(args.race_sass.glob("*.alloc.mlir")):
+        ap.error(f"--race-sass must be race_trace.py compile's folder, got {str(args.race_sass)!r}")
     if not (args.out / "bwd39.json").is_file() and not (args.out / "bwd39_ordered.json").is_file():
         ap.error(f"DIR must hold the bwd39 phase's output (bwd39.json), got {str(args.out)!r}")
     try:
-        v = verdict(args.out)
+        v = verdict(args.out, args.race_sass)
     except (ValueError, KeyError, TypeError) as e:
         ap.error(f"DIR: not the bwd39 phase's output ({type(e).__name__}: {e})")
     print(report(v), end="")
