@@ -416,7 +416,7 @@ def use_tma(kind: str, device: torch.device, elem: int, block_d: int,
             and schedule(kind, elem, block_d, band)["tma"])
 
 
-GLUON_MODES = ("auto", "off")
+GLUON_MODES = ("auto", "persistent", "off")
 _gluon_mode = [os.environ.get("FLASHCHECK_GLUON", "auto")]
 if _gluon_mode[0] not in GLUON_MODES:
     raise ValueError(f"FLASHCHECK_GLUON must be one of {GLUON_MODES}, got {_gluon_mode[0]!r}")
@@ -430,8 +430,10 @@ GLUON_FWD_MIN_KEYS = {128: 1, 64: 4097}
 
 def set_gluon(mode: str) -> None:
     """Select whether the forward takes its Gluon path where it applies (:data:`GLUON_MODES`:
-    "auto", the default, or "off": the Triton forward always; the environment variable
-    ``FLASHCHECK_GLUON`` sets it at import)."""
+    "auto", the default: one program per tile; "persistent": one program per multiprocessor
+    looping over the tiles (kernels/flash_attention_gluon.py, not yet timed); "off": the
+    Triton forward always; the environment variable ``FLASHCHECK_GLUON`` sets it at
+    import)."""
     if mode not in GLUON_MODES:
         raise ValueError(f"Gluon mode must be one of {GLUON_MODES}, got {mode!r}")
     _gluon_mode[0] = mode

@@ -136,9 +136,10 @@ class _Compiler:
             log = buf.getvalue()
             ptx = k.asm["ptx"]
             digest = hashlib.sha256(code_of(ptx).encode()).hexdigest()[:16]
-            if self.ptx_dir is not None:
+            if self.ptx_dir is not None:  # the PTX, and the machine code beside it
                 self.ptx_dir.mkdir(parents=True, exist_ok=True)
                 (self.ptx_dir / f"{name}-{digest}.ptx").write_text(ptx)
+                (self.ptx_dir / f"{name}-{digest}.cubin").write_bytes(k.asm["cubin"])
             regs = re.search(r"Used (\d+) registers", log)
             spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
             if regs is None:
@@ -243,7 +244,7 @@ def main(argv=None) -> int:
     ap.add_argument("--set", default="tables", choices=_sweep_module().SETS,
                     help="with --sweep: which of sweep_hopper.py's variant sets")
     ap.add_argument("--ptx-dir", type=Path, default=None,
-                    help="keep each kernel's PTX here (named by its hash)")
+                    help="keep each kernel's PTX and cubin here (named by its PTX's hash)")
     ap.add_argument("--against", type=Path, default=None, metavar="REPORT",
                     help="an earlier report of the same options: list the launches whose "
                          "code differs; exit 1 if any does (a refactor's check)")

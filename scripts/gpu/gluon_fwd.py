@@ -21,7 +21,9 @@ waits with an explicit count. ``VARIANTS`` (sweep.md rounds 16 and 17):
   (issue S(j+1), rescale, issue P(j) V(j), then the softmax of S(j+1) under P(j) V(j)):
   the package's forward, kernels/flash_attention_gluon.py, called as it is (round 17's
   other forms of it, other tiles and stages and warpgroup turns on mbarriers, are in this
-  script as of commit 069ce53).
+  script as of commit 069ce53); "2wg persistent", the same as a persistent grid
+  (``FLASHCHECK_GLUON=persistent``: a program per multiprocessor over the tiles, O stored
+  from buffers of its own under the next tile's loads).
 
 The prototypes: bf16/fp16, contiguous (B, H, N, D) inputs, N a multiple of the tiles, no
 GQA, no masks but causal (top-left), forward only (O and the base-2 lse). ``--compile-only``
@@ -63,6 +65,10 @@ VARIANTS = {
     # forward (its tiles and stages; the other "2wg" forms of round 17, other tiles, stages
     # and warpgroup turns, are in this script as of commit 069ce53)
     "2wg 64x128 stages=2": dict(ws="2wg"),
+    # the same forward as a persistent grid (FLASHCHECK_GLUON=persistent): a program per
+    # multiprocessor over the tiles, each warpgroup's O through a buffer of its own so that
+    # its store runs under the next tile's loads
+    "2wg persistent": dict(ws="2wg", persistent=True),
 }
 
 
@@ -182,22 +188,25 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, N_CTX,
     tma.store_wait(pendings=0)
 
 
-def _package_forward(q, k, v, causal):
-    """The "2wg" form as the package runs it (kernels/flash_attention_gluon.py)."""
+def _package_forward(q, k, v, causal, persistent=False):
+    """The "2wg" form as the package runs it (kernels/flash_attention_gluon.py), one
+    program per tile or ``persistent``."""
+    from flashcheck.kernels import _common
     from flashcheck.kernels import flash_attention_gluon as fg
     from flashcheck.kernels._common import Problem
 
     B, H, N, D = q.shape
     p = Problem(B=B, Hq=H, Hkv=H, Nq=N, Nk=N, D=D, scale=D ** -0.5, has_lo=False,
                 has_hi=causal, lo_off=0, hi_off=0, is_causal=causal, mask=None, mask_kind=0)
-    return fg.forward(q, k, v, p)
+    with _common.gluon("persistent" if persistent else "auto"):
+        return fg.forward(q, k, v, p)
 
 
 def forward(q, k, v, causal: bool, block_m=128, block_n=64, stages=2, num_warps=8,
-            ws=False):
+            ws=False, persistent=False):
     """O and the base-2 lse of softmax(Q Kᵀ / √D) V (see the module docstring's limits)."""
     if ws == "2wg":
-        return _package_forward(q, k, v, causal)  # its own checks and buffers
+        return _package_forward(q, k, v, causal, persistent)  # its own checks and buffers
     B, H, N, D = q.shape
     if N % block_m or N % block_n or k.shape != q.shape or v.shape != q.shape:
         raise ValueError(f"gluon_fwd: N={N} must be a multiple of {block_m} and {block_n}, "
@@ -285,7 +294,7 @@ def _timed(out: Path, configs: list[dict], names) -> int:
 
 
 # The variants --matrix times (kernels/bench.py's 24 configurations).
-MATRIX_VARIANTS = ("2wg 64x128 stages=2", )
+MATRIX_VARIANTS = ("2wg 64x128 stages=2", "2wg persistent")
 
 
 def main(argv=None) -> int:
