@@ -94,6 +94,9 @@
 #                                         bwd39-verdict.md), then the quick bench under
 #                                         BWD39_FORM (default writer);
 #                                         longer than one call: `detach bwd39`, then `collect`
+#   bash scripts/gpu/session.sh fwdpersist  the Gluon forward's persistent grid: GPU tests,
+#                                         timed beside the per-tile kernel, ours and cuDNN
+#                                         (FWDP_MATRIX=1: the 24 forwards too), sanitizers
 #   bash scripts/gpu/session.sh bwdrace   racecheck's hazards in the Gluon kernels under triton
 #                                         3.9 (carry .triton), each with its threads and
 #                                         addresses (--racecheck-report hazard), and the SASS
@@ -188,6 +191,30 @@ if has bwd39; then
   FLASHCHECK_GLUON_BWD=${BWD39_FORM:-writer} timeout -s TERM 400 python3 -m flashcheck.kernels.bench \
     --quick --out "$R/bench-bwd39" > "$R/bench-bwd39.log" 2>&1
   el "bwd39 bench exit=$?"
+fi
+if has fwdpersist; then
+  # the Gluon forward's persistent grid (FLASHCHECK_GLUON=persistent) under the device's
+  # triton: its GPU tests (bitwise the per-tile kernel's), both timed beside ours and cuDNN
+  # in one process (FWDP_MATRIX=1: also the benchmark matrix's 24 forwards), and
+  # compute-sanitizer on its own shapes
+  el fwdpersist
+  timeout -s TERM 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_flash_gluon.py \
+    > "$R/fwdpersist-pytest.log" 2>&1
+  el "fwdpersist pytest exit=$?"
+  timeout -s TERM 240 python3 scripts/gpu/gluon_fwd.py --only "2wg 64x128 stages=2" \
+    --only "2wg persistent" --out "$R/fwdpersist.json" > "$R/fwdpersist.log" 2>&1
+  el "fwdpersist timing exit=$?"
+  if [ "${FWDP_MATRIX:-0}" = 1 ]; then
+    timeout -s TERM 400 python3 scripts/gpu/gluon_fwd.py --matrix --out "$R/fwdpersist-matrix.json" \
+      > "$R/fwdpersist-matrix.log" 2>&1
+    el "fwdpersist matrix exit=$?"
+  fi
+  for tool in racecheck synccheck memcheck; do
+    job "fwdpersist-$tool" 200 env FLASHCHECK_GLUON=persistent compute-sanitizer --tool $tool \
+      --print-limit 1000 python3 scripts/gpu/sanitize_cases.py --ns 128,256 --ds 128
+  done
+  wait
+  el "fwdpersist sanitizers done"
 fi
 if has bwdrace; then
   # racecheck's hazards in the Gluon kernels: every hazard with both threads and addresses,
