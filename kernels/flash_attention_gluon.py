@@ -311,23 +311,11 @@ if AVAILABLE:
         tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, N_Q, N_K, H_Q,
-                    GROUP, H_KV, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    HEAD_D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
-        """One program per (128 query rows, batch x query head)."""
+    def _buffers(q_desc, k_desc, v_desc, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 HEAD_D: gl.constexpr, STAGES: gl.constexpr):
+        """Both kernels' shared memory: each warpgroup's Q buffer, the K and V rings, and
+        their mbarriers, initialised (an ``empty`` slot counts both consumers' arrivals)."""
         dtype: gl.constexpr = q_desc.dtype
-        pid_m = gl.program_id(0)
-        bh = gl.program_id(1)
-        b = bh // H_Q
-        h = bh % H_Q
-        q_row0 = bh * N_Q
-        kv_row0 = (b * H_KV + h // GROUP) * N_K
-        start_m = pid_m * (2 * BLOCK_M)
-        if CAUSAL:
-            n_tiles = gl.minimum(gl.cdiv(start_m + 2 * BLOCK_M, BLOCK_N), N_K // BLOCK_N)
-        else:
-            n_tiles = N_K // BLOCK_N
-
         q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_D], q_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
@@ -343,6 +331,27 @@ if AVAILABLE:
             mbarrier.init(k_empty.index(i), count=2)
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(v_empty.index(i), count=2)
+        return q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty
+
+    @gluon.jit
+    def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, N_Q, N_K, H_Q,
+                    GROUP, H_KV, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    HEAD_D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+        """One program per (128 query rows, batch x query head)."""
+        pid_m = gl.program_id(0)
+        bh = gl.program_id(1)
+        b = bh // H_Q
+        h = bh % H_Q
+        q_row0 = bh * N_Q
+        kv_row0 = (b * H_KV + h // GROUP) * N_K
+        start_m = pid_m * (2 * BLOCK_M)
+        if CAUSAL:
+            n_tiles = gl.minimum(gl.cdiv(start_m + 2 * BLOCK_M, BLOCK_N), N_K // BLOCK_N)
+        else:
+            n_tiles = N_K // BLOCK_N
+
+        q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty = _buffers(
+            q_desc, k_desc, v_desc, BLOCK_M, BLOCK_N, HEAD_D, STAGES)
 
         args = (q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bars,
                 k_ready, k_empty, v_ready, v_empty, q_row0, kv_row0, q_row0, start_m,
@@ -360,24 +369,12 @@ if AVAILABLE:
         dtype: gl.constexpr = q_desc.dtype
         n_m = N_Q // (2 * BLOCK_M)
         total = n_m * BH
-        q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_D], q_desc.layout)
+        q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty = _buffers(
+            q_desc, k_desc, v_desc, BLOCK_M, BLOCK_N, HEAD_D, STAGES)
         o_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_D], o_desc.layout)
-        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
-        q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         q_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for c in gl.static_range(2):
-            mbarrier.init(q_bars.index(c), count=1)
             mbarrier.init(q_free.index(c), count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(k_ready.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=2)
-            mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(v_empty.index(i), count=2)
 
         args = (q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, o_smem,
                 q_bars, q_free, k_ready, k_empty, v_ready, v_empty, n_m, total, N_Q, N_K,
