@@ -187,3 +187,23 @@ def test_compare_finds_the_devices_identical_kernels(tmp_path, capsys):
     with pytest.raises(SystemExit):
         rt.main(["compare", str(local), str(tmp_path / "none")])
     assert "DEVICE must be a directory of .sass files" in capsys.readouterr().err
+
+
+def test_sanitize_cases_runs_name_the_forward_they_launched(tmp_path):
+    """sanitize_cases.py's result lines ("ok N=.. D=.. mode") place a report in the Gluon
+    forward of that shape and mode (either kernel: per tile or persistent); a report in a
+    Triton kernel of those runs has no Gluon machine code and counts against the run."""
+    log = ("========= Error: Race reported between Write access at _fwd_persistent_kernel+0x4790"
+           " in fwd.py:1\n=========     and Read access at _fwd_persistent_kernel+0x4850 in "
+           "fwd.py:1 [2 hazards]\n=========\nok N=128 D=128 causal\n"
+           "========= Error: Race reported between Write access at _attn_bwd+0x10 in fa.py:9\n"
+           "=========     and Read access at _attn_bwd+0x20 in fa.py:9 [1 hazard]\n=========\n"
+           "ok N=128 D=128 mask\n")
+    reps = rt.parse_log(log)
+    assert [r.config for r in reps] == [("sanitize", 128, 128, "causal"),
+                                        ("sanitize", 128, 128, "mask")]
+    body, bad = rt.trace(reps, _sass_dir(tmp_path, "fwd-N128-D128-causal"))
+    assert bad == 1
+    assert "(log line 1; N=128, D=128, causal)" in body
+    assert "-> 0x30150-0x30158 in warp-specialize state" in body
+    assert "no machine code for _attn_bwd, not a Gluon kernel" in body

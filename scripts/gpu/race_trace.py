@@ -2,6 +2,7 @@
 they touch.
 
     python3 scripts/gpu/race_trace.py compile --out DIR [--ptxas PATH]     (no GPU needed)
+        [--cases sanitize --ns 128,256 --ds 128]
     python3 scripts/gpu/race_trace.py trace LOG --sass DIR [--out REPORT.md]
     python3 scripts/gpu/race_trace.py compare DIR DEVICE_SASS_DIR
 
@@ -15,6 +16,10 @@ shared-memory allocations, and the metadata (shared bytes, ptxas and triton vers
 machine code is the device's when the ptxas is: ``--ptxas`` (default: the one Triton would
 take for sm_90, ``TRITON_PTXAS_BLACKWELL_PATH``) must be the release the GPU session's
 triton used (the session's ``env-*.txt`` prints it); its PTX ISA version follows from it.
+
+``--cases sanitize`` builds instead the Gluon forward that ``scripts/gpu/sanitize_cases.py
+--ns NS --ds DS`` launches (plain and causal, fp16; ``FLASHCHECK_GLUON=persistent`` its
+persistent grid), tagged ``fwd-N128-D128-causal``, ...
 
 ``trace`` reads racecheck's output of that run (``--racecheck-report`` hazard or the default
 summary; the script's "ok"/"BAD" lines name the form and configuration of the reports
@@ -48,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 _ROOT = Path(__file__).resolve().parent.parent.parent
+GLUON_KERNELS = ("_fwd_kernel", "_fwd_persistent_kernel", "_bwd_kernel")
 WINDOW = 0x400  # racecheck's __shared__ addresses start at the block's 1 KiB reserved window
 CONTEXT = 6  # instructions shown before and after each reported one
 
@@ -75,8 +81,12 @@ def _cuobjdump() -> str:
     return found
 
 
-def compile_all(out: Path, ptxas: str | None) -> list[str]:
-    """Compile every kernel ``gluon_bwd.py --check-small`` launches into ``out``; the tags."""
+def compile_all(out: Path, ptxas: str | None, cases: str = "check-small",
+                ns: tuple[int, ...] = (128, 256), ds: tuple[int, ...] = (128, )) -> list[str]:
+    """Compile into ``out`` every Gluon kernel that ``cases`` launches: "check-small",
+    ``gluon_bwd.py --check-small``'s; "sanitize", ``sanitize_cases.py --ns NS --ds DS``'s
+    (the forward, plain and causal, fp16, in the Gluon mode ``FLASHCHECK_GLUON`` names).
+    The tags."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise SystemExit("race_trace: unset TRITON_INTERPRET (this compiles for sm_90a)")
     if ptxas:
@@ -108,7 +118,7 @@ def compile_all(out: Path, ptxas: str | None) -> list[str]:
 
     def compile_one(jit, key, signature, constexprs, options, attrs) -> None:
         name = jit.fn.__name__
-        if name not in ("_fwd_kernel", "_bwd_kernel") or state["tag"] is None:
+        if name not in GLUON_KERNELS or state["tag"] is None:
             return
         tag = state["tag"]
         src = jit.ASTSource(jit, signature, constexprs, attrs)
@@ -127,6 +137,15 @@ def compile_all(out: Path, ptxas: str | None) -> list[str]:
         state["tag"] = None  # one kernel per tag
 
     comp.compile = compile_one
+    if cases == "sanitize":
+        for N in ns:
+            for D in ds:
+                for mode in ("plain", "causal"):  # the mask takes the Triton forward
+                    q = torch.empty(1, 2, N, D, dtype=torch.float16)
+                    state["tag"] = f"fwd-N{N}-D{D}-{mode}"
+                    fa._forward(q, q, q, _validated(_common, q, q, mode == "causal"), False)
+                    print("compiled", state["tag"] or tags[-1], flush=True)
+        return tags
     bf16 = torch.bfloat16
     for hkv, causal in small.SMALL_CONFIGS:
         B, H, N, D = (small.SMALL[n] for n in ("B", "H", "N", "D"))
@@ -169,6 +188,7 @@ _HAZARD = re.compile(r"Potential (\w+) hazard detected at __shared__ 0x([0-9a-f]
 _THREAD = re.compile(r"^=+\s+(Read|Write) Thread \((\d+),(\d+),(\d+)\) at (\w+)\+0x([0-9a-f]+)"
                      r" in (\S+)")
 _RESULT = re.compile(r"^(ok |BAD) (\w+) causal=(True|False) hkv=(\d+)")
+_CASE = re.compile(r"^ok N=(\d+) D=(\d+) (\w+)")  # sanitize_cases.py's
 
 
 @dataclass
@@ -186,7 +206,9 @@ class Report:
     accesses: list[Access]
     address: int | None = None  # __shared__ address (hazard reports only)
     hazard: str = ""  # RAW / WAR / WAW (hazard reports only)
-    config: tuple[str, bool, int] | None = None  # (form, causal, hkv) of the run it is in
+    # the run it is in: (form, causal, hkv) of gluon_bwd.py --check-small, or ("sanitize",
+    # N, D, mode) of sanitize_cases.py
+    config: tuple | None = None
     line: int = 0
 
 
@@ -219,9 +241,11 @@ def parse_log(text: str) -> list[Report]:
             open_.accesses.append(Access(m[1], m[5], int(m[6], 16), m[7], thread=int(m[2])))
             continue
         m = _RESULT.match(line)
-        if m:
+        c = _CASE.match(line)
+        if m or c:
             for r in pending:
-                r.config = (m[2], m[3] == "True", int(m[4]))
+                r.config = ((m[2], m[3] == "True", int(m[4])) if m else
+                            ("sanitize", int(c[1]), int(c[2]), c[3]))
             pending, open_ = [], None
             continue
         if not line.strip("= \t"):
@@ -382,11 +406,15 @@ def allocated_ir(ttgir_path: Path) -> str:
 
 
 def _tag(report: Report, acc: Access) -> str | None:
-    if report.config is None:
+    """The compiled kernel an access of ``report`` is in (compile's tag)."""
+    if report.config is None or acc.kernel not in GLUON_KERNELS:
         return None
+    fwd = acc.kernel.startswith("_fwd")
+    if report.config[0] == "sanitize":
+        _, n, d, mode = report.config
+        return f"fwd-N{n}-D{d}-{mode}" if fwd else None
     form, causal, hkv = report.config
-    kind = "fwd" if acc.kernel == "_fwd_kernel" else form
-    return f"{kind}-causal{int(causal)}-hkv{hkv}"
+    return f"{'fwd' if fwd else form}-causal{int(causal)}-hkv{hkv}"
 
 
 def trace(reports: list[Report], sass_dir: Path) -> tuple[str, int]:
@@ -407,7 +435,8 @@ def trace(reports: list[Report], sass_dir: Path) -> tuple[str, int]:
     lines, bad = [], 0
     for i, r in enumerate(reports, 1):
         cfg = ("run unknown" if r.config is None else
-               f"{r.config[0]}, causal={r.config[1]}, hkv={r.config[2]}")
+               "N={1}, D={2}, {3}".format(*r.config) if r.config[0] == "sanitize" else
+               "{}, causal={}, hkv={}".format(*r.config))
         head = f"### Report {i} (log line {r.line}; {cfg})"
         if r.address is not None:
             head += f": {r.hazard} at __shared__ 0x{r.address:x}"
@@ -416,7 +445,9 @@ def trace(reports: list[Report], sass_dir: Path) -> tuple[str, int]:
         for acc in r.accesses:
             tag = _tag(r, acc)
             if tag is None or not (sass_dir / f"{tag}.sass").is_file():
-                found.append((acc, tag, None, f"no machine code for {tag or 'an unknown run'}"))
+                what = (tag if tag else f"{acc.kernel}, not a Gluon kernel"
+                        if r.config else "an unknown run")
+                found.append((acc, tag, None, f"no machine code for {what}"))
                 continue
             insns, _ = code(tag)
             at = [j for j, (off, _) in enumerate(insns) if off == acc.offset]
@@ -481,10 +512,14 @@ def compare(local: Path, device: Path) -> tuple[str, int]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("compile", help="the kernels of gluon_bwd.py --check-small, for sm_90a")
+    c = sub.add_parser("compile", help="the Gluon kernels of a sanitizer run, for sm_90a")
     c.add_argument("--out", type=Path, required=True)
     c.add_argument("--ptxas", default=None,
                    help="the ptxas to assemble with (the GPU session's release)")
+    c.add_argument("--cases", choices=("check-small", "sanitize"), default="check-small",
+                   help="gluon_bwd.py --check-small's (default) or sanitize_cases.py's")
+    c.add_argument("--ns", default="128,256", help="with --cases sanitize: its --ns")
+    c.add_argument("--ds", default="128", help="with --cases sanitize: its --ds")
     t = sub.add_parser("trace", help="racecheck's reports traced to instructions")
     t.add_argument("log", type=Path, help="racecheck's output of gluon_bwd.py --check-small")
     t.add_argument("--sass", type=Path, required=True, help="compile's --out")
@@ -503,7 +538,12 @@ def main(argv=None) -> int:
     if args.cmd == "compile":
         if args.ptxas is not None and not os.access(args.ptxas, os.X_OK):
             ap.error(f"--ptxas must be an executable ptxas, got {args.ptxas!r}")
-        compile_all(args.out, args.ptxas)
+        try:
+            ns, ds = (tuple(int(x) for x in v.split(",")) for v in (args.ns, args.ds))
+        except ValueError:
+            ap.error(f"--ns and --ds must be integers separated by commas, got {args.ns!r}, "
+                     f"{args.ds!r}")
+        compile_all(args.out, args.ptxas, args.cases, ns, ds)
         return 0
     try:
         text = args.log.read_text(errors="replace")
