@@ -12,7 +12,7 @@ bf16, D = 128, N = 4K, causal and not), it times:
   dK/dV kernel; by bulk reduce-adds of fp32 tiles on sm_90+ unless ``FLASHCHECK_TMA=off``;
   under ``FLASHCHECK_GLUON_BWD=split|writer``, where it applies, the five-product Gluon
   backward in that form, and the deterministic row its ordered form; recorded as
-  ``meta["gluon_bwd"]``);
+  ``meta["gluon_bwd"]``; the forward's Gluon mode in ``meta["gluon_fwd"]``);
 - SDPA with the flash, cuDNN and efficient backends (``torch.nn.attention.sdpa_kernel``);
 - FlexAttention: one ``torch.compile(flex_attention, dynamic=False)`` per process, so each
   shape is compiled exactly once (at its warm-up call); the dynamo recompile limits are
@@ -91,6 +91,7 @@ def format_table(rows: list[dict], meta: dict) -> str:
     head = [f"# Attention benchmark on {meta.get('gpu', '?')}", "",
             f"driver {meta.get('driver', '?')}, torch {meta.get('torch', '?')}, "
             f"triton {meta.get('triton', '?')}; tuning {meta.get('tuning', '?')}; "
+            f"Gluon forward {meta.get('gluon_fwd', 'auto')}; "
             f"Gluon backward {meta.get('gluon_bwd', 'off')}; "
             f"B*H*N = {TOKENS}, H = {HEADS}; "
             "TFLOP/s = 4*B*H*N^2*D (x0.5 causal, x2.5 bwd, x3.5 fwd+bwd) / median time.", "",
@@ -140,19 +141,31 @@ def _meta() -> dict:
         driver = "unknown"
     return {"gpu": torch.cuda.get_device_name(), "driver": driver, "torch": torch.__version__,
             "triton": triton.__version__, "cuda": torch.version.cuda,
-            "gluon_bwd": gluon_bwd_meta(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "gluon_fwd": gluon_fwd_meta(), "gluon_bwd": gluon_bwd_meta(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def gluon_fwd_meta() -> str:
+    """The Gluon forward mode as the run took it ("auto": one program per tile,
+    "persistent", "off"), or that this Triton cannot build it and the Triton forward ran."""
+    from flashcheck.kernels import flash_attention_gluon
+    return _gluon_meta(_common.get_gluon(), flash_attention_gluon.AVAILABLE,
+                       "no Gluon warp_specialize", "the Triton forward ran")
 
 
 def gluon_bwd_meta() -> str:
     """The Gluon backward mode as the run took it: the mode, or where this Triton cannot
     build the kernel, that the Triton kernels ran in its place."""
-    import triton
     from flashcheck.kernels import flash_attention_gluon_bwd
-    mode = _common.get_gluon_bwd()
-    if mode == "off" or flash_attention_gluon_bwd.AVAILABLE:
+    return _gluon_meta(_common.get_gluon_bwd(), flash_attention_gluon_bwd.AVAILABLE,
+                       "no Gluon bulk reduce-add", "the Triton kernels ran")
+
+
+def _gluon_meta(mode: str, available: bool, lacks: str, instead: str) -> str:
+    import triton
+    if mode == "off" or available:
         return mode
-    return (f"{mode} asked, not available under triton {triton.__version__} (no Gluon bulk "
-            "reduce-add): the Triton kernels ran")
+    return f"{mode} asked, not available under triton {triton.__version__} ({lacks}): {instead}"
 
 
 def _peer_fn(impl: str, causal: bool, q):

@@ -236,3 +236,21 @@ def test_calls_outside_its_domain_take_the_triton_forward(kw):
     fa.attention(q, k, v, attn_mask=mask, window=kw.get("window"))
     torch.cuda.synchronize()
     assert fg.LAUNCHES[0] == before
+
+
+def test_the_bench_header_names_the_gluon_forward_mode(monkeypatch):
+    """kernels/bench.py's meta["gluon_fwd"]: the mode the run took, or that this Triton
+    cannot build the Gluon forward and the Triton forward ran."""
+    from flashcheck.kernels import bench
+    monkeypatch.setattr(fg, "AVAILABLE", True)
+    assert bench.gluon_fwd_meta() == "auto"
+    with _common.gluon("persistent"):
+        assert bench.gluon_fwd_meta() == "persistent"
+        monkeypatch.setattr(fg, "AVAILABLE", False)
+        meta = bench.gluon_fwd_meta()
+    assert meta.startswith("persistent asked, not available under triton ") and \
+        meta.endswith("(no Gluon warp_specialize): the Triton forward ran")
+    with _common.gluon("off"):
+        assert bench.gluon_fwd_meta() == "off"
+    assert "Gluon forward persistent; Gluon backward off;" in bench.format_table(
+        [], {"gluon_fwd": "persistent"})
