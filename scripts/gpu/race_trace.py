@@ -10,9 +10,10 @@ they touch.
 exactly the kernels ``scripts/gpu/gluon_bwd.py --check-small`` launches: the Gluon forward
 that makes each configuration's inputs and every form's ``_bwd_kernel``, per configuration
 (Hkv 2 and 1, causal and not, B 1, H 2, N 256, D 128, bf16). Each goes to DIR as
-``TAG.{cubin,sass,ttgir,json}`` (TAG ``fwd-causal0-hkv2``, ``writer_ordered-causal1-hkv1``,
-...): the machine code by the ``cuobjdump`` Triton's package carries, the TTGIR with its
-shared-memory allocations, and the metadata (shared bytes, ptxas and triton versions). The
+``TAG.{cubin,sass,ttgir,alloc.mlir,json}`` (TAG ``fwd-causal0-hkv2``,
+``writer_ordered-causal1-hkv1``, ...): the machine code by the ``cuobjdump`` Triton's package
+carries, the TTGIR and the same after Triton's shared-memory allocation pass (every buffer's
+``allocation.offset``), and the metadata (shared bytes, ptxas and triton versions). The
 machine code is the device's when the ptxas is: ``--ptxas`` (default: the one Triton would
 take for sm_90, ``TRITON_PTXAS_BLACKWELL_PATH``) must be the release the GPU session's
 triton used (the session's ``env-*.txt`` prints it); its PTX ISA version follows from it.
@@ -24,14 +25,15 @@ persistent grid), tagged ``fwd-N128-D128-causal``, ...
 ``trace`` reads racecheck's output of that run (``--racecheck-report`` hazard or the default
 summary; the script's "ok"/"BAD" lines name the form and configuration of the reports
 before them) and, for each report, prints the instruction at each reported offset with the
-ones around it, and the shared-memory offset the instruction addresses (its immediate, or
-the address racecheck names less the 0x400 of the block's reserved window) placed in the
-kernel's layout from the TTGIR: one of the kernel's own buffers (its ``local_alloc``s, their
-barriers included), Triton's warp-specialize area (the captures the default partition hands
-the others, and the state byte per warp that releases them into their partitions), or past
-the end. An offset whose instruction is not a shared-memory access of the reported kind says
-that the machine code is not the one the GPU ran. Exit 1 if any report touches one of the
-kernel's own buffers, cannot be placed, or lands on such an instruction.
+ones around it, and the shared bytes the report is about (the address racecheck names less
+the 0x400 of the block's reserved window, or the bytes of an access whose operand adds no
+per-thread register) placed in the kernel's layout after allocation: one of the kernel's
+own buffers (its ``local_alloc``s, their mbarriers included), Triton's warp-specialize area
+(the captures the default partition hands the others, and the state byte per warp that
+releases them into their partitions), an operation's scratch, or nothing. An offset whose
+instruction is not a shared-memory access of the reported kind says that the machine code
+is not the one the GPU ran. Exit 1 if any report touches one of the kernel's own buffers,
+cannot be placed, or lands on such an instruction.
 
 ``compare`` says, for each kernel compile built, whether the device compiled the same machine
 code (an identical instruction list among the SASS ``session.sh bwdrace`` dumped there); exit
