@@ -108,16 +108,24 @@ if AVAILABLE:
          k_empty, v_ready, v_empty, q_row0, kv_row0, lse_row0, start_m, n_tiles,
          qk_scale) = args
         BM: gl.constexpr = q_smem.type.shape[1]
-        BN: gl.constexpr = k_smem.type.shape[1]
-        NS: gl.constexpr = k_smem.type.shape[0]
         for c in gl.static_range(2):
             mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
             _tma_load(q_desc, [q_row0 + start_m + c * BM, 0], q_bars.index(c),
                       q_smem.index(c))
+        _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0,
+                 0, n_tiles)
+
+    @gluon.jit
+    def _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0,
+                 base, n_tiles):
+        """``n_tiles`` K and V tiles from row ``kv_row0`` into the rings, the first at ring
+        position ``base``, each slot refilled once both consumers released it."""
+        BN: gl.constexpr = k_smem.type.shape[1]
+        NS: gl.constexpr = k_smem.type.shape[0]
         for j in range(n_tiles):
-            slot = j % NS
+            slot = (base + j) % NS
             # a fresh mbarrier counts as phase 1 complete: the first pass waits for nothing
-            free = ((j // NS) & 1) ^ 1
+            free = (((base + j) // NS) & 1) ^ 1
             mbarrier.wait(k_empty.index(slot), free)
             mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
             _tma_load(k_desc, [kv_row0 + j * BN, 0], k_ready.index(slot), k_smem.index(slot))
@@ -241,14 +249,26 @@ if AVAILABLE:
         i = t % n_m
         if CAUSAL:
             i = n_m - 1 - i
-        q_row0 = bh * N_Q
-        kv_row0 = ((bh // H_Q) * H_KV + (bh % H_Q) // GROUP) * N_K
+        q_row0, kv_row0 = _rows(bh, N_Q, N_K, H_Q, GROUP, H_KV)
         start_m = i * BM2
+        return q_row0, kv_row0, start_m, _key_tiles(start_m, N_K, BM2, BN, CAUSAL)
+
+    @gluon.jit
+    def _rows(bh, N_Q, N_K, H_Q, GROUP, H_KV):
+        """The first query row of (batch x query head) ``bh`` and the first key row of its
+        head's keys (GQA: the group's)."""
+        b = bh // H_Q
+        h = bh % H_Q
+        return bh * N_Q, (b * H_KV + h // GROUP) * N_K
+
+    @gluon.jit
+    def _key_tiles(start_m, N_K, BM2: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr):
+        """How many key tiles the ``BM2`` query rows from ``start_m`` read (under causal, up to
+        their last row)."""
         if CAUSAL:
-            n_tiles = gl.minimum(gl.cdiv(start_m + BM2, BN), N_K // BN)
+            return gl.minimum(gl.cdiv(start_m + BM2, BN), N_K // BN)
         else:
-            n_tiles = N_K // BN
-        return q_row0, kv_row0, start_m, n_tiles
+            return N_K // BN
 
     @gluon.jit
     def _loads_persistent(args, CAUSAL: gl.constexpr):
@@ -260,7 +280,6 @@ if AVAILABLE:
          qk_scale) = args
         BM: gl.constexpr = q_smem.type.shape[1]
         BN: gl.constexpr = k_smem.type.shape[1]
-        NS: gl.constexpr = k_smem.type.shape[0]
         base = 0
         n = 0
         for t in range(gl.program_id(0), total, gl.num_programs(0)):
@@ -271,17 +290,8 @@ if AVAILABLE:
                 mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
                 _tma_load(q_desc, [q_row0 + start_m + c * BM, 0], q_bars.index(c),
                           q_smem.index(c))
-            for j in range(base, base + n_tiles):
-                slot = j % NS
-                free = ((j // NS) & 1) ^ 1
-                mbarrier.wait(k_empty.index(slot), free)
-                mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-                _tma_load(k_desc, [kv_row0 + (j - base) * BN, 0], k_ready.index(slot),
-                          k_smem.index(slot))
-                mbarrier.wait(v_empty.index(slot), free)
-                mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-                _tma_load(v_desc, [kv_row0 + (j - base) * BN, 0], v_ready.index(slot),
-                          v_smem.index(slot))
+            _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+                     kv_row0, base, n_tiles)
             base += n_tiles
             n += 1
 
@@ -339,16 +349,9 @@ if AVAILABLE:
                     HEAD_D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
         """One program per (128 query rows, batch x query head)."""
         pid_m = gl.program_id(0)
-        bh = gl.program_id(1)
-        b = bh // H_Q
-        h = bh % H_Q
-        q_row0 = bh * N_Q
-        kv_row0 = (b * H_KV + h // GROUP) * N_K
+        q_row0, kv_row0 = _rows(gl.program_id(1), N_Q, N_K, H_Q, GROUP, H_KV)
         start_m = pid_m * (2 * BLOCK_M)
-        if CAUSAL:
-            n_tiles = gl.minimum(gl.cdiv(start_m + 2 * BLOCK_M, BLOCK_N), N_K // BLOCK_N)
-        else:
-            n_tiles = N_K // BLOCK_N
+        n_tiles = _key_tiles(start_m, N_K, 2 * BLOCK_M, BLOCK_N, CAUSAL)
 
         q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty = _buffers(
             q_desc, k_desc, v_desc, BLOCK_M, BLOCK_N, HEAD_D, STAGES)
