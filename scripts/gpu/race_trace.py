@@ -267,10 +267,15 @@ _WRITES = ("STS", "STSM")
 _EITHER = ("ATOMS", "SYNCS", "UTMALDG", "UTMASTG", "UTMAREDG", "UBLKCP", "UBLKRED", "HGMMA")
 
 
+def _opcode(insn: str) -> str:
+    """The instruction's opcode with its modifiers (``@!P6 STS.64 [..]`` -> ``STS.64``)."""
+    words = insn.split()
+    return words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
+
+
 def directions(insn: str) -> set[str]:
     """{"Read"}, {"Write"}, both, or none (not a shared-memory access) for an instruction."""
-    words = insn.split()
-    op = (words[1] if words[0].startswith("@") and len(words) > 1 else words[0]).split(".")[0]
+    op = _opcode(insn).split(".")[0]
     if op in _READS:
         return {"Read"}
     if op in _WRITES:
@@ -292,7 +297,7 @@ def footprint(insn: str) -> tuple[int, int, bool] | None:
     if m is None:
         return None
     imm = re.findall(r"0x([0-9a-f]+)", m[1])
-    op = insn.split()[0] if not insn.startswith("@") else insn.split()[1]
+    op = _opcode(insn)
     width = next((w for suf, w in ((".128", 16), (".64", 8), (".U16", 2), (".S16", 2),
                                    (".U8", 1), (".S8", 1)) if suf in op), 4)
     exact = re.search(r"(?<![U\w])R(?!Z)\d+", m[1]) is None
