@@ -74,7 +74,9 @@
 #                                         under triton 3.9 (carry .triton); with
 #                                         FLASHCHECK_GLUON_BWD=split|writer also campaigns of
 #                                         both gluon_bwd_domain.py entries (every case runs the
-#                                         Gluon backward; the triton campaign on 4 workers)
+#                                         Gluon backward; the triton campaign on 4 workers);
+#                                         KERNEL_FWD_PERSIST=1: with the persistent Gluon
+#                                         forward where fwdpersist's tests passed in the call
 #   bash scripts/gpu/session.sh ab        our kernel from this checkout and from the tree in .ab/OLD
 #                                         (carried; `git archive COMMIT | tar -x -C .ab/OLD` here),
 #                                         timed in alternation (scripts/gpu/ab_time.py; AB_ARGS:
@@ -97,12 +99,18 @@
 #   bash scripts/gpu/session.sh fwdpersist  the Gluon forward's persistent grid: GPU tests,
 #                                         timed beside the per-tile kernel, ours and cuDNN
 #                                         (FWDP_MATRIX=1: the 24 forwards too), sanitizers
+#   bash scripts/gpu/session.sh accept    the issue's acceptance run: the quick bench under
+#                                         triton 3.9 (carry .triton) with the Gluon backward's
+#                                         ACCEPT_BWD form (default writer), once per forward
+#                                         mode in ACCEPT_FWD (default "auto persistent";
+#                                         persistent only where fwdpersist's tests passed)
 #   bash scripts/gpu/session.sh bwdrace   racecheck's hazards in the Gluon kernels under triton
 #                                         3.9 (carry .triton), each with its threads and
 #                                         addresses (--racecheck-report hazard), and the SASS
 #                                         of every compiled _bwd_kernel / _fwd_kernel beside
 #                                         its metadata; traced anywhere after: race_trace.py
 #                                         compile (no GPU), then trace on bwdrace-hazards.log
+#                                         (BWDRACE_BG=1: beside the phases after it)
 # Several phases may share one call (session.sh throughput peers); they run in this file's order.
 set -uo pipefail
 : "${1:?phase}"
@@ -200,7 +208,7 @@ if has fwdpersist; then
   el fwdpersist
   timeout -s TERM 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_flash_gluon.py \
     > "$R/fwdpersist-pytest.log" 2>&1
-  el "fwdpersist pytest exit=$?"
+  FWDP_PYTEST=$?; el "fwdpersist pytest exit=$FWDP_PYTEST"
   timeout -s TERM 240 python3 scripts/gpu/gluon_fwd.py --only "2wg 64x128 stages=2" \
     --only "2wg persistent" --out "$R/fwdpersist.json" > "$R/fwdpersist.log" 2>&1
   el "fwdpersist timing exit=$?"
@@ -216,23 +224,48 @@ if has fwdpersist; then
   wait
   el "fwdpersist sanitizers done"
 fi
-if has bwdrace; then
-  # racecheck's hazards in the Gluon kernels: every hazard with both threads and addresses,
-  # for scripts/gpu/race_trace.py trace (which reads them in the machine code its compile
-  # builds without a GPU), and the SASS of each _bwd_kernel / _fwd_kernel compiled here (with
-  # its metadata JSON), to check that compile's machine code is this device's
-  el bwdrace
-  use_triton39 bwdrace
+if has accept; then
+  # the issue's acceptance run: the quick bench (bf16, D 128, N 4096, causal and not; ours
+  # beside cuDNN, flex and SDPA-flash) under triton 3.9 with the Gluon backward's ACCEPT_BWD
+  # form (default writer), once per Gluon forward mode in ACCEPT_FWD (default "auto
+  # persistent"; persistent only where fwdpersist's GPU tests passed in this call)
+  el accept
+  use_triton39 accept
+  for mode in ${ACCEPT_FWD:-auto persistent}; do
+    if [ "$mode" = persistent ] && [ "${FWDP_PYTEST:-0}" != 0 ]; then
+      el "accept $mode skipped: fwdpersist's GPU tests failed"; continue
+    fi
+    FLASHCHECK_GLUON=$mode FLASHCHECK_GLUON_BWD=${ACCEPT_BWD:-writer} timeout -s TERM 400 \
+      python3 -m flashcheck.kernels.bench --quick --out "$R/accept-$mode" > "$R/accept-$mode.log" 2>&1
+    el "accept $mode exit=$?"
+  done
+fi
+bwdrace() {
   timeout -s TERM 400 compute-sanitizer --tool racecheck --racecheck-report hazard \
     --print-limit 1000 python3 scripts/gpu/gluon_bwd.py --check-small > "$R/bwdrace-hazards.log" 2>&1
   el "bwdrace exit=$?"
-  cuobj=$(command -v cuobjdump || find / -name cuobjdump -type f 2>/dev/null | head -1)
+  local cuobj; cuobj=$(command -v cuobjdump || find / -name cuobjdump -type f 2>/dev/null | head -1)
   mkdir -p "$R/sass"
   find "$TRITON_CACHE_DIR" \( -name _bwd_kernel.cubin -o -name _fwd_kernel.cubin \) | while read -r c; do
     d=$(basename "$(dirname "$c")"); n=$(basename "$c" .cubin)
     "$cuobj" -sass "$c" > "$R/sass/$n-$d.sass" 2>&1; cp "${c%.cubin}.json" "$R/sass/$n-$d.json"
   done
   el "bwdrace sass: $(ls "$R/sass" | wc -l) files"
+}
+if has bwdrace; then
+  # racecheck's hazards in the Gluon kernels: every hazard with both threads and addresses,
+  # for scripts/gpu/race_trace.py trace (which reads them in the machine code its compile
+  # builds without a GPU), and the SASS of each _bwd_kernel / _fwd_kernel compiled here (with
+  # its metadata JSON), to check that compile's machine code is this device's. A Triton cache
+  # of its own (only these kernels' SASS); BWDRACE_BG=1: in the background, beside the
+  # phases after it (a sanitizer, not a timing)
+  el bwdrace
+  use_triton39 bwdrace
+  if [ "${BWDRACE_BG:-0}" = 1 ]; then
+    ( export TRITON_CACHE_DIR=$PWD/.tcache39-race; bwdrace ) &
+  else
+    ( export TRITON_CACHE_DIR=$PWD/.tcache39-race; bwdrace )
+  fi
 fi
 if has ab; then
   el ab
@@ -481,6 +514,12 @@ if has kernel; then
   if [ "${KERNEL_TRITON39:-0}" = 1 ]; then  # the kernels under triton 3.9 (carry .triton)
     use_triton39 kernel39
   fi
+  # KERNEL_FWD_PERSIST=1: the Gluon forward's persistent grid in every case, where
+  # fwdpersist's GPU tests passed in this call
+  if [ "${KERNEL_FWD_PERSIST:-0}" = 1 ] && [ "${FWDP_PYTEST:-1}" = 0 ]; then
+    export FLASHCHECK_GLUON=persistent
+  fi
+  el "kernel: FLASHCHECK_GLUON=${FLASHCHECK_GLUON:-auto} FLASHCHECK_GLUON_BWD=${FLASHCHECK_GLUON_BWD:-off}"
   KERNEL_WORKERS=8
   if [ "${FLASHCHECK_GLUON_BWD:-off}" != off ]; then
     # the Gluon backward's own campaigns: our entries narrowed to its domain, so that every
