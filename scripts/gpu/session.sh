@@ -217,7 +217,8 @@ if has fwdpersist; then
       > "$R/fwdpersist-matrix.log" 2>&1
     el "fwdpersist matrix exit=$?"
   fi
-  for tool in racecheck synccheck memcheck; do
+  # FWDP_SANITIZE=0: without them (a call short of time runs them after its timings)
+  for tool in $([ "${FWDP_SANITIZE:-1}" = 1 ] && echo racecheck synccheck memcheck); do
     job "fwdpersist-$tool" 200 env FLASHCHECK_GLUON=persistent compute-sanitizer --tool $tool \
       --print-limit 1000 python3 scripts/gpu/sanitize_cases.py --ns 128,256 --ds 128
   done
