@@ -114,7 +114,8 @@ def _sass_dir(tmp_path, tag="split-causal0-hkv2"):
     (tmp_path / f"{tag}.sass").write_text(SASS)
     (tmp_path / f"{tag}.alloc.mlir").write_text(ALLOC)
     (tmp_path / f"{tag}.json").write_text(json.dumps(dict(
-        shared=196952, triton="3.9.0", ptxas="Build cuda_13.0.r13.0/compiler.36424714_0")))
+        kernel="_fwd_kernel" if tag.startswith("fwd") else "_bwd_kernel", shared=196952,
+        triton="3.9.0", ptxas="Build cuda_13.0.r13.0/compiler.36424714_0")))
     return tmp_path
 
 
@@ -171,6 +172,25 @@ def test_an_offset_on_another_instruction_says_the_code_is_not_the_gpus(tmp_path
     body, bad = rt.trace(rt.parse_log(log)[1:2], _sass_dir(tmp_path))
     assert bad == 1
     assert "`ULEA UR4, UR5, UR4, 0x18` is not a shared-memory write" in body
+
+
+def test_a_report_printed_before_its_runs_line_is_placed_by_the_code_it_fits(tmp_path):
+    """compute-sanitizer passes the program's output on late: a report of a later run's kernel
+    can stand before an earlier run's "ok" line. Where the named run's code does not fit the
+    offsets, the compiled kernel of that name whose code does is taken, and said."""
+    d = _sass_dir(tmp_path)
+    shifted = SASS.replace("/*4790*/", "/*0dc0*/").replace("/*4850*/", "/*4d90*/")
+    _sass_dir(tmp_path, "writer_ordered-causal0-hkv2")
+    (d / "writer_ordered-causal0-hkv2.sass").write_text(shifted)
+    log = HAZARDS.replace("0x4790 in", "0xdc0 in").replace("0x4850 in", "0x4d90 in")
+    body, bad = rt.trace(rt.parse_log(log), d)
+    assert bad == 0, body
+    assert ("the log's run split-causal0-hkv2 does not fit its offsets; the compiled code "
+            "that does: `writer_ordered-causal0-hkv2`") in body
+    assert "in `writer_ordered-causal0-hkv2`: `STS.64 [UR4+0x30150], R2`" in body
+    # no compiled kernel fits: the named run's instructions are shown as they are
+    body, bad = rt.trace(rt.parse_log(log.replace("0xdc0 in", "0xdb0 in")), d)
+    assert bad == 1 and "no instruction at that offset in split-causal0-hkv2.sass" in body
 
 
 def test_compare_finds_the_devices_identical_kernels(tmp_path, capsys):

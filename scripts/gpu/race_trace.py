@@ -424,10 +424,13 @@ def _tag(report: Report, acc: Access) -> str | None:
     return f"{'fwd' if fwd else form}-causal{int(causal)}-hkv{hkv}"
 
 
-def trace(reports: list[Report], sass_dir: Path) -> tuple[str, int]:
+def trace(reports: list[Report], sass_dir: Path, brief: bool = False) -> tuple[str, int]:
     """The Markdown trace of ``reports`` and how many touch the kernel's own buffers or could
-    not be placed."""
+    not be placed. ``brief``: each pair of instructions (in the same compiled kernels) shown
+    once, with how many reports it has, their addresses and every report's verdict."""
     cache: dict[str, tuple[list, Layout]] = {}
+    kernel_of = {path.stem: json.loads(path.read_text()).get("kernel")
+                 for path in sorted(sass_dir.glob("*.json"))}
 
     def code(tag: str):
         if tag not in cache:
@@ -439,8 +442,19 @@ def trace(reports: list[Report], sass_dir: Path) -> tuple[str, int]:
             cache[tag] = (read_sass((sass_dir / f"{tag}.sass").read_text()), lay)
         return cache[tag]
 
-    lines, bad = [], 0
+    def fits(tag: str | None, accesses: list[Access]) -> bool:
+        """Whether each access lands on a shared-memory instruction of its direction in
+        ``tag``'s machine code."""
+        if tag is None or not (sass_dir / f"{tag}.sass").is_file():
+            return False
+        insns = dict(code(tag)[0])
+        return all(acc.offset in insns and acc.kind in directions(insns[acc.offset])
+                   for acc in accesses)
+
+    bad = 0
+    entries: dict = {}  # key -> [first report's lines, its reports, their verdicts]
     for i, r in enumerate(reports, 1):
+        lines: list[str] = []
         cfg = ("run unknown" if r.config is None else
                "N={1}, D={2}, {3}".format(*r.config) if r.config[0] == "sanitize" else
                "{}, causal={}, hkv={}".format(*r.config))
@@ -448,57 +462,102 @@ def trace(reports: list[Report], sass_dir: Path) -> tuple[str, int]:
         if r.address is not None:
             head += f": {r.hazard} at __shared__ 0x{r.address:x}"
         lines += [head, ""]
-        found = []  # (access, tag, index of its instruction or None, why not)
-        for acc in r.accesses:
-            tag = _tag(r, acc)
-            if tag is None or not (sass_dir / f"{tag}.sass").is_file():
-                what = (tag if tag else f"{acc.kernel}, not a Gluon kernel"
-                        if r.config else "an unknown run")
-                found.append((acc, tag, None, f"no machine code for {what}"))
-                continue
-            insns, _ = code(tag)
-            at = [j for j, (off, _) in enumerate(insns) if off == acc.offset]
-            found.append((acc, tag, at[0] if at else None,
-                          "" if at else f"no instruction at that offset in {tag}.sass"))
-        # the bytes both accesses touch: racecheck's address, else the footprint of an
-        # access whose operand has no per-thread register
-        where: tuple[int, int] | None = None
-        if r.address is not None:
-            where = (r.address - WINDOW, 1)
-        else:
-            for _acc, tag, j, _why in found:
-                fp = None if j is None else footprint(code(tag)[0][j][1])
-                if fp is not None and fp[2]:
-                    where = fp[:2]
-                    break
+        # The run a report is in: the log's next "ok"/"BAD" line names it, but
+        # compute-sanitizer passes the program's output on late, so a report can sit before
+        # the line of an earlier run. Where the named run's machine code does not fit both
+        # accesses, every compiled kernel of that name whose code fits is taken instead (a
+        # report fails unless each of them places it in the warp-specialize area).
+        named = [_tag(r, acc) for acc in r.accesses]
+        tags: list[str | None] = [None]
+        if len(set(named)) == 1 and fits(named[0], r.accesses):
+            tags = named[:1]
+        elif len({acc.kernel for acc in r.accesses}) == 1:
+            tags = [t for t, k in kernel_of.items()
+                    if k == r.accesses[0].kernel and fits(t, r.accesses)] or [None]
+            if tags != [None]:
+                lines += [f"(the log's run{' ' + named[0] if named[0] else ''} does not fit "
+                          f"its offsets; the compiled code that does: "
+                          f"{', '.join(f'`{t}`' for t in tags)})", ""]
         verdicts = []
-        for acc, tag, j, why in found:
-            who = f"{acc.kind} at {acc.kernel}+0x{acc.offset:x}" + (
-                f" ({acc.hazards} hazards)" if acc.hazards else "") + (
-                f" by thread {acc.thread}" if acc.thread is not None else "")
-            if j is None:
-                lines.append(f"- {who}: {why}")
-                verdicts.append("unplaced")
-                continue
-            insns, lay = code(tag)
-            if acc.kind not in directions(insns[j][1]):
-                # the device compiled other code than this (another ptxas release?)
-                lines.append(f"- {who} in `{tag}`: `{insns[j][1]}` is not a shared-memory "
-                             f"{acc.kind.lower()}: is this the machine code the GPU ran?")
-                verdicts.append("mismatch")
-                continue
-            region, what = lay.place(*(where or (None,)))
-            verdicts.append(region)
-            lines.append(f"- {who} in `{tag}`: `{insns[j][1]}` -> {what}")
-            lines.append("")
-            lines.append("  ```")
-            for k in range(max(0, j - CONTEXT), min(len(insns), j + CONTEXT + 1)):
-                mark = "  <-" if k == j else ""
-                lines.append(f"  /*{insns[k][0]:04x}*/ {insns[k][1]}{mark}")
-            lines += ["  ```", ""]
+        for n, tag in enumerate(tags):
+            got, verdict = _place(r, tag if tag is not None else None, named, code, sass_dir)
+            verdicts += verdict
+            if n == 0:
+                lines += got
+            else:
+                lines += [f"- also `{tag}`: {', '.join(verdict)}", ""]
         bad += any(v != "warp_specialize" for v in verdicts)
         lines.append("")
-    return "\n".join(lines), bad
+        key = (i,) if not brief else (tuple(tags), tuple(
+            (a.kind, a.kernel, a.offset) for a in r.accesses))
+        entry = entries.setdefault(key, [lines, [], set()])
+        entry[1].append(r)
+        entry[2].update(verdicts)
+    out: list[str] = []
+    for first, same, verdicts in entries.values():
+        out += first
+        if len(same) > 1:
+            addrs = sorted({f"0x{r.address:x}" for r in same if r.address is not None})
+            out += [f"(the same instructions in {len(same)} reports, log lines "
+                    f"{', '.join(str(r.line) for r in same)}"
+                    + (f"; __shared__ {', '.join(addrs)}" if addrs else "")
+                    + f"; verdicts: {', '.join(sorted(verdicts))})", "", ""]
+    return "\n".join(out), bad
+
+
+def _place(r: Report, tag: str | None, named: list, code, sass_dir: Path):
+    """Markdown lines placing ``r``'s accesses in ``tag``'s code and layout (None: each in
+    the kernel the log names, ``named``), and each access's verdict: the layout region,
+    "unplaced" or "mismatch"."""
+    found = []  # (access, tag, index of its instruction or None, why not)
+    for acc, own in zip(r.accesses, named, strict=True):
+        t = tag or own
+        if t is None or not (sass_dir / f"{t}.sass").is_file():
+            what = (t if t else f"{acc.kernel}, not a Gluon kernel"
+                    if r.config else "an unknown run")
+            found.append((acc, t, None, f"no machine code for {what}"))
+            continue
+        insns, _ = code(t)
+        at = [j for j, (off, _) in enumerate(insns) if off == acc.offset]
+        found.append((acc, t, at[0] if at else None,
+                      "" if at else f"no instruction at that offset in {t}.sass"))
+    # the bytes both accesses touch: racecheck's address, else the footprint of an access
+    # whose operand has no per-thread register
+    where: tuple[int, int] | None = None
+    if r.address is not None:
+        where = (r.address - WINDOW, 1)
+    else:
+        for _acc, t, j, _why in found:
+            fp = None if j is None else footprint(code(t)[0][j][1])
+            if fp is not None and fp[2]:
+                where = fp[:2]
+                break
+    lines, verdicts = [], []
+    for acc, t, j, why in found:
+        who = f"{acc.kind} at {acc.kernel}+0x{acc.offset:x}" + (
+            f" ({acc.hazards} hazards)" if acc.hazards else "") + (
+            f" by thread {acc.thread}" if acc.thread is not None else "")
+        if j is None:
+            lines.append(f"- {who}: {why}")
+            verdicts.append("unplaced")
+            continue
+        insns, lay = code(t)
+        if acc.kind not in directions(insns[j][1]):
+            # the device compiled other code than this (another ptxas release?)
+            lines.append(f"- {who} in `{t}`: `{insns[j][1]}` is not a shared-memory "
+                         f"{acc.kind.lower()}: is this the machine code the GPU ran?")
+            verdicts.append("mismatch")
+            continue
+        region, what = lay.place(*(where or (None,)))
+        verdicts.append(region)
+        lines.append(f"- {who} in `{t}`: `{insns[j][1]}` -> {what}")
+        lines.append("")
+        lines.append("  ```")
+        for k in range(max(0, j - CONTEXT), min(len(insns), j + CONTEXT + 1)):
+            mark = "  <-" if k == j else ""
+            lines.append(f"  /*{insns[k][0]:04x}*/ {insns[k][1]}{mark}")
+        lines += ["  ```", ""]
+    return lines, verdicts
 
 
 def compare(local: Path, device: Path) -> tuple[str, int]:
@@ -531,6 +590,8 @@ def main(argv=None) -> int:
     t.add_argument("log", type=Path, help="racecheck's output of gluon_bwd.py --check-small")
     t.add_argument("--sass", type=Path, required=True, help="compile's --out")
     t.add_argument("--out", type=Path, default=None, help="the Markdown trace (default: stdout)")
+    t.add_argument("--brief", action="store_true",
+                   help="each pair of instructions once, with its reports' count and addresses")
     k = sub.add_parser("compare", help="is compile's machine code the device's?")
     k.add_argument("local", type=Path, help="compile's --out")
     k.add_argument("device", type=Path, help="the device's SASS (session.sh bwdrace: sass/)")
@@ -559,11 +620,12 @@ def main(argv=None) -> int:
     if not args.sass.is_dir():
         ap.error(f"--sass must be a directory of compile's output, got {args.sass}")
     reports = parse_log(text)
-    body, bad = trace(reports, args.sass)
+    body, bad = trace(reports, args.sass, brief=args.brief)
     metas = sorted(args.sass.glob("*.json"))
     ver = json.loads(metas[0].read_text()) if metas else {}
     head = (f"# racecheck's reports on {args.log.name}, traced to instructions\n\n"
-            f"`python3 scripts/gpu/race_trace.py trace {args.log} --sass DIR`, DIR from "
+            f"`python3 scripts/gpu/race_trace.py trace {args.log} --sass DIR"
+            f"{' --brief' if args.brief else ''}`, DIR from "
             f"`race_trace.py compile --out DIR` (triton {ver.get('triton', '?')}, "
             f"{ver.get('ptxas', 'ptxas ?')}, {ver.get('target', 'sm_90a')}, no GPU).\n\n"
             f"**{bad} of {len(reports)} reports** touch one of the kernel's own buffers, "
