@@ -455,8 +455,12 @@ def gluon_forward(head_dim: int, n_keys: int) -> bool:
     return n_keys >= GLUON_FWD_MIN_KEYS.get(head_dim, math.inf)
 
 
-GLUON_BWD_MODES = ("off", "split", "writer")
-_gluon_bwd_mode = [os.environ.get("FLASHCHECK_GLUON_BWD", "off")]
+GLUON_BWD_MODES = ("auto", "off", "split", "writer")
+# The form "auto" takes: writer, the faster of the two in both determinisms (one turn per
+# tile taken by its writer warp; split's ordered form waits in its consumers and loses 45 %)
+# with GPU tests, sanitizers and campaigns passed (docs/benchmarks/sweep.md, rounds 19-20).
+GLUON_BWD_AUTO = "writer"
+_gluon_bwd_mode = [os.environ.get("FLASHCHECK_GLUON_BWD", "auto")]
 if _gluon_bwd_mode[0] not in GLUON_BWD_MODES:
     raise ValueError(f"FLASHCHECK_GLUON_BWD must be one of {GLUON_BWD_MODES}, "
                      f"got {_gluon_bwd_mode[0]!r}")
@@ -464,9 +468,11 @@ if _gluon_bwd_mode[0] not in GLUON_BWD_MODES:
 
 def set_gluon_bwd(mode: str) -> None:
     """Select the backward's Gluon form (kernels/flash_attention_gluon_bwd.py) where it
-    applies (:data:`GLUON_BWD_MODES`): "off", the default (the Triton kernels always), or
-    "split" / "writer" (``deterministic=False`` calls take that form, deterministic ones its
-    ordered variant); the environment variable ``FLASHCHECK_GLUON_BWD`` sets it at import."""
+    applies (:data:`GLUON_BWD_MODES`): "auto", the default (:data:`GLUON_BWD_AUTO`'s form),
+    "off" (the Triton kernels always), or "split" / "writer" (``deterministic=False`` calls
+    take that form, deterministic ones its ordered variant). The kernel needs a Triton whose
+    Gluon has the bulk reduce-add (3.9, not 3.6) and sm_90; elsewhere every mode runs the
+    Triton kernels. The environment variable ``FLASHCHECK_GLUON_BWD`` sets it at import."""
     if mode not in GLUON_BWD_MODES:
         raise ValueError(f"Gluon backward mode must be one of {GLUON_BWD_MODES}, got {mode!r}")
     _gluon_bwd_mode[0] = mode

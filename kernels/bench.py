@@ -10,8 +10,9 @@ bf16, D = 128, N = 4K, causal and not), it times:
   (``kernels.tuning``; recorded as ``meta["tuning"]``): forward, backward, forward+backward;
   and the same with ``deterministic=False`` (``triton-fa2-atomic``: dQ added inside the
   dK/dV kernel; by bulk reduce-adds of fp32 tiles on sm_90+ unless ``FLASHCHECK_TMA=off``;
-  under ``FLASHCHECK_GLUON_BWD=split|writer``, where it applies, the five-product Gluon
-  backward in that form, and the deterministic row its ordered form; recorded as
+  where it applies (triton 3.9, sm_90), the five-product Gluon backward in the form
+  ``FLASHCHECK_GLUON_BWD`` names (default "auto": writer; "off": the Triton kernels), and
+  the deterministic row its ordered form; recorded as
   ``meta["gluon_bwd"]``; the forward's Gluon mode in ``meta["gluon_fwd"]``);
 - SDPA with the flash, cuDNN and efficient backends (``torch.nn.attention.sdpa_kernel``);
 - FlexAttention: one ``torch.compile(flex_attention, dynamic=False)`` per process, so each
@@ -154,18 +155,22 @@ def gluon_fwd_meta() -> str:
 
 
 def gluon_bwd_meta() -> str:
-    """The Gluon backward mode as the run took it: the mode, or where this Triton cannot
-    build the kernel, that the Triton kernels ran in its place."""
+    """The Gluon backward mode as the run took it: the mode ("auto" with the form it takes),
+    or where this Triton cannot build the kernel, that the Triton kernels ran in its
+    place."""
     from flashcheck.kernels import flash_attention_gluon_bwd
-    return _gluon_meta(_common.get_gluon_bwd(), flash_attention_gluon_bwd.AVAILABLE,
-                       "no Gluon bulk reduce-add", "the Triton kernels ran")
+    mode = _common.get_gluon_bwd()
+    meta = _gluon_meta(mode, flash_attention_gluon_bwd.AVAILABLE, "no Gluon bulk reduce-add",
+                       "the Triton kernels ran")
+    return f"auto ({_common.GLUON_BWD_AUTO})" if meta == "auto" else meta
 
 
 def _gluon_meta(mode: str, available: bool, lacks: str, instead: str) -> str:
     import triton
     if mode == "off" or available:
         return mode
-    return f"{mode} asked, not available under triton {triton.__version__} ({lacks}): {instead}"
+    asked = "(the default) not" if mode == "auto" else "asked, not"
+    return f"{mode} {asked} available under triton {triton.__version__} ({lacks}): {instead}"
 
 
 def _peer_fn(impl: str, causal: bool, q):

@@ -53,10 +53,9 @@ Where it runs (:func:`eligible`): CUDA sm_90, a Triton whose Gluon has the bulk 
 dO contiguous (B, H, N, D) at 16-byte aligned addresses, no mask, no band but the causal one
 (top-left), GQA included (dK/dV in one fp32 accumulator over the group); the non-causal
 ordered forms N/128 at most the multiprocessor count. ``_common.set_gluon_bwd``
-(``FLASHCHECK_GLUON_BWD``) chooses the form: "off" (the default until its H200 campaign has
-passed: docs/kernel.md), "split" or "writer": calls with ``deterministic=False`` take the
-form as its adds come, deterministic calls its ordered variant; everything else takes the
-Triton kernels.
+(``FLASHCHECK_GLUON_BWD``) chooses the form: "auto" (the default: writer), "split",
+"writer" or "off": calls with ``deterministic=False`` take the form as its adds come,
+deterministic calls its ordered variant; everything else takes the Triton kernels.
 Not run by the CPU interpreter (Gluon has none); ``tests/test_flash_gluon_bwd.py``
 compiles every form for sm_90a without a GPU.
 """
@@ -428,7 +427,7 @@ def form(deterministic: bool) -> str | None:
     mode = _common.get_gluon_bwd()
     if mode == "off":
         return None
-    return form_name(mode, deterministic)
+    return form_name(_common.GLUON_BWD_AUTO if mode == "auto" else mode, deterministic)
 
 
 def fits(p: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,

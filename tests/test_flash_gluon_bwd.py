@@ -56,15 +56,19 @@ def test_supported_takes_exactly_its_problems(kw, dtype, contiguous, want):
 
 
 def test_the_switch_chooses_the_form_and_names_its_values():
-    assert _common.get_gluon_bwd() == "off" and gb.form(False) is None
+    """The default, "auto", takes writer's forms; "off" none (the Triton kernels)."""
+    assert _common.get_gluon_bwd() == "auto" and _common.GLUON_BWD_AUTO == "writer"
+    assert (gb.form(False), gb.form(True)) == ("writer", "writer_ordered")
+    with _common.gluon_bwd("off"):
+        assert gb.form(False) is None and gb.form(True) is None
     with _common.gluon_bwd("split"):
         assert (gb.form(False), gb.form(True)) == ("split", "split_ordered")
     with _common.gluon_bwd("writer"):
         assert (gb.form(False), gb.form(True)) == ("writer", "writer_ordered")
-    assert _common.get_gluon_bwd() == "off"
+    assert _common.get_gluon_bwd() == "auto"
     with pytest.raises(ValueError,
-                       match=r"Gluon backward mode must be one of \('off', 'split', 'writer'\), "
-                             r"got 'on'"):
+                       match=r"Gluon backward mode must be one of \('auto', 'off', 'split', "
+                             r"'writer'\), got 'on'"):
         _common.set_gluon_bwd("on")
     env = {**os.environ, "FLASHCHECK_GLUON_BWD": "fast"}
     res = subprocess.run([sys.executable, "-c", "import flashcheck.kernels"], env=env,
@@ -74,13 +78,16 @@ def test_the_switch_chooses_the_form_and_names_its_values():
 
 @pytest.mark.skipif(not gb.AVAILABLE, reason="this Triton's Gluon has no bulk reduce-add")
 def test_fits_is_the_calls_side_without_a_device_query():
-    """``fits`` takes the domain on CPU tensors once a form is switched on, refuses dO (or
-    any input) misaligned or not contiguous; ``eligible`` adds the device and stays false
-    here."""
+    """``fits`` takes the domain on CPU tensors where a form is switched on (the default
+    "auto" too; "off" not) and this Triton has the kernel, refuses dO (or any input)
+    misaligned or not contiguous; ``eligible`` adds the device and stays false here."""
     q = torch.zeros(2, 4, 1024, 128, dtype=torch.float16)
     k = torch.zeros(2, 2, 1024, 128, dtype=torch.float16)
     p = _problem()
-    assert not gb.fits(p, q, k, k, q, False)  # off by default
+    assert gb.fits(p, q, k, k, q, False) is gb.AVAILABLE  # "auto" by default
+    assert not gb.eligible(p, q, k, k, q, True)
+    with _common.gluon_bwd("off"):
+        assert not gb.fits(p, q, k, k, q, False)
     with _common.gluon_bwd("split"):
         assert gb.fits(p, q, k, k, q, False) and not gb.eligible(p, q, k, k, q, False)
         assert gb.fits(p, q, k, k, q, True)  # the ordered form (GQA), non-causal and causal
@@ -247,7 +254,8 @@ def test_gluon_backward_gives_the_triton_backward_gradients(mode, shape, kw, det
     their turns are a chain handed out by tickets in its order)."""
     B, Hq, Hkv, N, D, dtype = shape
     q, k, v, do = _qkv(B, Hq, Hkv, N, D, dtype)
-    want = _grads(q, k, v, do, True, **kw)
+    with _common.gluon_bwd("off"):  # the Triton backward (the default takes writer's form)
+        want = _grads(q, k, v, do, True, **kw)
     before = gb.LAUNCHES[0]
     with _common.gluon_bwd(mode):
         got = _grads(q, k, v, do, deterministic, **kw)
@@ -512,7 +520,12 @@ def test_the_bench_header_says_when_the_gluon_backward_asked_for_could_not_run(m
     where this Triton cannot build it, that the Triton kernels ran in its place (a bench
     under triton 3.6 with the switch on measures the Triton kernels)."""
     from flashcheck.kernels import bench
-    assert bench.gluon_bwd_meta() == "off"
+    with _common.gluon_bwd("off"):
+        assert bench.gluon_bwd_meta() == "off"
+    monkeypatch.setattr(gb, "AVAILABLE", True)
+    assert bench.gluon_bwd_meta() == "auto (writer)"
+    monkeypatch.setattr(gb, "AVAILABLE", False)
+    assert bench.gluon_bwd_meta().startswith("auto (the default) not available under triton ")
     with _common.gluon_bwd("writer"):
         monkeypatch.setattr(gb, "AVAILABLE", True)
         assert bench.gluon_bwd_meta() == "writer"

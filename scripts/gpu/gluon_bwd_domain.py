@@ -13,8 +13,8 @@ ordered form), with capabilities narrowed (docs/contracts.md section 2) to the c
 contiguous layout, no mask, no window, causal or not, GQA (dK/dV in one fp32 accumulator
 over the group; both entries, the ordered one under causal too). The forward is the
 package's (the Gluon forward where it applies). The form is the environment's
-``FLASHCHECK_GLUON_BWD`` ("split" when unset or "off": importing this module switches it
-on). Every backward checks that it ran the Gluon kernel once: one that left it raises
+``FLASHCHECK_GLUON_BWD`` ("auto", the default, takes writer; "off": importing this module
+switches split on). Every backward checks that it ran the Gluon kernel once: one that left it raises
 AssertionError, which the harness records as a failure, not a skip. Importing it under a
 Triton without Gluon's bulk reduce-add (3.6) raises ImportError with what to do.
 """

@@ -7,7 +7,7 @@
 #                                         the harness throughput measured on a warm cache
 #   bash scripts/gpu/session.sh ncu       ncu on one forward+backward of ours and of cuDNN
 #                                         (NCU_TRITON39=1: under triton 3.9, carry .triton;
-#                                         with FLASHCHECK_GLUON_BWD set, ours is the Gluon one)
+#                                         then ours is the Gluon one unless FLASHCHECK_GLUON_BWD=off)
 #   bash scripts/gpu/session.sh sweep     our kernel's launch points and schedule flags timed
 #                                         beside cuDNN (scripts/gpu/sweep_hopper.py; SWEEP_ARGS:
 #                                         e.g. "--d 64"), docs/benchmarks/sweep.md
@@ -72,7 +72,7 @@
 #                                         determinism check; longer than one call: run it as
 #                                         `detach kernel`, then `collect`. KERNEL_TRITON39=1:
 #                                         under triton 3.9 (carry .triton); with
-#                                         FLASHCHECK_GLUON_BWD=split|writer also campaigns of
+#                                         FLASHCHECK_GLUON_BWD other than off also campaigns of
 #                                         both gluon_bwd_domain.py entries (every case runs the
 #                                         Gluon backward; the triton campaign on 4 workers);
 #                                         KERNEL_FWD_PERSIST=1: with the persistent Gluon
@@ -520,9 +520,9 @@ if has kernel; then
   if [ "${KERNEL_FWD_PERSIST:-0}" = 1 ] && [ "${FWDP_PYTEST:-1}" = 0 ]; then
     export FLASHCHECK_GLUON=persistent
   fi
-  el "kernel: FLASHCHECK_GLUON=${FLASHCHECK_GLUON:-auto} FLASHCHECK_GLUON_BWD=${FLASHCHECK_GLUON_BWD:-off}"
+  el "kernel: FLASHCHECK_GLUON=${FLASHCHECK_GLUON:-auto} FLASHCHECK_GLUON_BWD=${FLASHCHECK_GLUON_BWD:-auto}"
   KERNEL_WORKERS=8
-  if [ "${FLASHCHECK_GLUON_BWD:-off}" != off ]; then
+  if [ "${FLASHCHECK_GLUON_BWD:-auto}" != off ] && [ "${KERNEL_TRITON39:-0}" = 1 ]; then
     # the Gluon backward's own campaigns: our entries narrowed to its domain, so that every
     # case runs it (deterministic=False as its adds come; deterministic, the ordered form)
     KERNEL_WORKERS=4
