@@ -101,7 +101,7 @@
 #                                         (FWDP_MATRIX=1: the 24 forwards too), sanitizers
 #   bash scripts/gpu/session.sh accept    the issue's acceptance run: the quick bench under
 #                                         triton 3.9 (carry .triton) with the Gluon backward's
-#                                         ACCEPT_BWD form (default writer), once per forward
+#                                         ACCEPT_BWD form (default auto), once per forward
 #                                         mode in ACCEPT_FWD (default "auto persistent";
 #                                         persistent only where fwdpersist's tests passed)
 #   bash scripts/gpu/session.sh bwdrace   racecheck's hazards in the Gluon kernels under triton
@@ -228,7 +228,7 @@ fi
 if has accept; then
   # the issue's acceptance run: the quick bench (bf16, D 128, N 4096, causal and not; ours
   # beside cuDNN, flex and SDPA-flash) under triton 3.9 with the Gluon backward's ACCEPT_BWD
-  # form (default writer), once per Gluon forward mode in ACCEPT_FWD (default "auto
+  # form (default auto), once per Gluon forward mode in ACCEPT_FWD (default "auto
   # persistent"; persistent only where fwdpersist's GPU tests passed in this call)
   el accept
   use_triton39 accept
@@ -236,7 +236,7 @@ if has accept; then
     if [ "$mode" = persistent ] && [ "${FWDP_PYTEST:-0}" != 0 ]; then
       el "accept $mode skipped: fwdpersist's GPU tests failed"; continue
     fi
-    FLASHCHECK_GLUON=$mode FLASHCHECK_GLUON_BWD=${ACCEPT_BWD:-writer} timeout -s TERM 400 \
+    FLASHCHECK_GLUON=$mode FLASHCHECK_GLUON_BWD=${ACCEPT_BWD:-auto} timeout -s TERM 400 \
       python3 -m flashcheck.kernels.bench --quick --out "$R/accept-$mode" > "$R/accept-$mode.log" 2>&1
     el "accept $mode exit=$?"
   done
