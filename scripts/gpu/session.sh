@@ -104,6 +104,11 @@
 #                                         ACCEPT_BWD form (default auto), once per forward
 #                                         mode in ACCEPT_FWD (default "auto persistent";
 #                                         persistent only where fwdpersist's tests passed)
+#   bash scripts/gpu/session.sh bwdgap    the backward timed four ways under triton 3.9 (carry
+#                                         .triton): the bench's replay after an L2 flush, the
+#                                         replay alone, after a fresh forward, forward+backward
+#                                         less forward, with each way's kernels
+#                                         (scripts/gpu/bwd_gap.py; sweep.md round 20's gap)
 #   bash scripts/gpu/session.sh bwdrace   racecheck's hazards in the Gluon kernels under triton
 #                                         3.9 (carry .triton), each with its threads and
 #                                         addresses (--racecheck-report hazard), and the SASS
@@ -240,6 +245,12 @@ if has accept; then
       python3 -m flashcheck.kernels.bench --quick --out "$R/accept-$mode" > "$R/accept-$mode.log" 2>&1
     el "accept $mode exit=$?"
   done
+fi
+if has bwdgap; then
+  el bwdgap
+  use_triton39 bwdgap
+  timeout -s TERM 300 python3 scripts/gpu/bwd_gap.py --out "$R/bwdgap.json" > "$R/bwdgap.log" 2>&1
+  el "bwdgap exit=$?"
 fi
 bwdrace() {
   timeout -s TERM 400 compute-sanitizer --tool racecheck --racecheck-report hazard \
