@@ -2,8 +2,8 @@
 
 - :func:`attention`: FlashAttention-2 order forward and backward (``kernels.flash_attention``;
   on sm_90 its forward runs a warp-specialised Gluon kernel where that applies,
-  ``kernels.flash_attention_gluon``; opt-in, under Triton 3.9, its backward a five-product
-  Gluon kernel, ``kernels.flash_attention_gluon_bwd``).
+  ``kernels.flash_attention_gluon``; under Triton 3.9 its backward a five-product Gluon
+  kernel, ``kernels.flash_attention_gluon_bwd``, unless ``FLASHCHECK_GLUON_BWD=off``).
 - :func:`attention_fa1`: FlashAttention-1 order forward (K/V tiles outer, O/m/l rescaled in
   global memory), sharing the FA2 backward (``kernels.flash_attention_fa1``).
 - :func:`attention_varlen`: packed variable-length sequences (FlashAttention's

@@ -1097,7 +1097,7 @@ def _forward(q, k, v, p: Problem, allow_tf32: bool, stats: list | None = None):
 def _backward(do, q, k, v, out, lse, p: Problem, deterministic: bool, allow_tf32: bool,
               stats: list | None = None):
     """FA2 backward: delta preprocess, dK/dV per K tile, dQ per Q tile (or atomic dQ); the
-    calls ``flash_attention_gluon_bwd.eligible`` accepts (opt-in, sm_90) take the
+    calls ``flash_attention_gluon_bwd.eligible`` accepts (sm_90, triton 3.9) take the
     preprocess, then its five-product kernel."""
     dev = q.device
     Dp = block_d(p.D)
