@@ -285,8 +285,8 @@ def report(v: dict) -> str:
     lines += [f"\n{note}." for note in v.get("notes", ())]
     take = v["take"]
     if take is None:
-        lines.append("\nNo mode passes: keep FLASHCHECK_GLUON_BWD off; the problems above say "
-                     "where to look.")
+        lines.append("\nNo mode passes: run with FLASHCHECK_GLUON_BWD=off (the Triton kernels; "
+                     "the default, auto, takes writer); the problems above say where to look.")
     else:
         det = v["forms"][_NAME[take, True]]
         lines.append(f"\nTake {take!r} (its ordered form at "
