@@ -95,7 +95,7 @@ def measure(causal: bool, deterministic: bool, reps: int) -> dict:
 
 def _causals(text: str) -> tuple[bool, ...]:
     words = text.split(",")
-    if not words or any(w not in ("no", "yes") for w in words):
+    if any(w not in ("no", "yes") for w in words):
         raise argparse.ArgumentTypeError(f"must be no and/or yes separated by commas, got {text!r}")
     return tuple(w == "yes" for w in words)
 

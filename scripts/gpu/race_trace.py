@@ -428,7 +428,7 @@ def trace(reports: list[Report], sass_dir: Path, brief: bool = False) -> tuple[s
     """The Markdown trace of ``reports`` and how many touch the kernel's own buffers or could
     not be placed. ``brief``: each pair of instructions (in the same compiled kernels) shown
     once, with how many reports it has, their addresses and every report's verdict."""
-    cache: dict[str, tuple[list, Layout]] = {}
+    cache: dict[str, tuple[list, Layout, dict]] = {}
     kernel_of = {path.stem: json.loads(path.read_text()).get("kernel")
                  for path in sorted(sass_dir.glob("*.json"))}
 
@@ -439,7 +439,9 @@ def trace(reports: list[Report], sass_dir: Path, brief: bool = False) -> tuple[s
             if lay.total != meta["shared"]:
                 raise SystemExit(f"race_trace: {tag}: the allocation's {lay.total} bytes are "
                                  f"not the compiled kernel's {meta['shared']}")
-            cache[tag] = (read_sass((sass_dir / f"{tag}.sass").read_text()), lay)
+            insns = read_sass((sass_dir / f"{tag}.sass").read_text())
+            at = {off: j for j, (off, _) in reversed(list(enumerate(insns)))}
+            cache[tag] = (insns, lay, at)  # at: offset -> index of its first instruction
         return cache[tag]
 
     def fits(tag: str | None, accesses: list[Access]) -> bool:
@@ -447,8 +449,8 @@ def trace(reports: list[Report], sass_dir: Path, brief: bool = False) -> tuple[s
         ``tag``'s machine code."""
         if tag is None or not (sass_dir / f"{tag}.sass").is_file():
             return False
-        insns = dict(code(tag)[0])
-        return all(acc.offset in insns and acc.kind in directions(insns[acc.offset])
+        insns, _, at = code(tag)
+        return all(acc.offset in at and acc.kind in directions(insns[at[acc.offset]][1])
                    for acc in accesses)
 
     bad = 0
@@ -480,7 +482,7 @@ def trace(reports: list[Report], sass_dir: Path, brief: bool = False) -> tuple[s
                           f"{', '.join(f'`{t}`' for t in tags)})", ""]
         verdicts = []
         for n, tag in enumerate(tags):
-            got, verdict = _place(r, tag if tag is not None else None, named, code, sass_dir)
+            got, verdict = _place(r, tag, named, code, sass_dir)
             verdicts += verdict
             if n == 0:
                 lines += got
@@ -517,10 +519,9 @@ def _place(r: Report, tag: str | None, named: list, code, sass_dir: Path):
                     if r.config else "an unknown run")
             found.append((acc, t, None, f"no machine code for {what}"))
             continue
-        insns, _ = code(t)
-        at = [j for j, (off, _) in enumerate(insns) if off == acc.offset]
-        found.append((acc, t, at[0] if at else None,
-                      "" if at else f"no instruction at that offset in {t}.sass"))
+        j = code(t)[2].get(acc.offset)
+        found.append((acc, t, j,
+                      "" if j is not None else f"no instruction at that offset in {t}.sass"))
     # the bytes both accesses touch: racecheck's address, else the footprint of an access
     # whose operand has no per-thread register
     where: tuple[int, int] | None = None
@@ -541,7 +542,7 @@ def _place(r: Report, tag: str | None, named: list, code, sass_dir: Path):
             lines.append(f"- {who}: {why}")
             verdicts.append("unplaced")
             continue
-        insns, lay = code(t)
+        insns, lay, _ = code(t)
         if acc.kind not in directions(insns[j][1]):
             # the device compiled other code than this (another ptxas release?)
             lines.append(f"- {who} in `{t}`: `{insns[j][1]}` is not a shared-memory "

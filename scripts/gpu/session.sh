@@ -273,11 +273,8 @@ if has bwdrace; then
   # phases after it (a sanitizer, not a timing)
   el bwdrace
   use_triton39 bwdrace
-  if [ "${BWDRACE_BG:-0}" = 1 ]; then
-    ( export TRITON_CACHE_DIR=$PWD/.tcache39-race; bwdrace ) &
-  else
-    ( export TRITON_CACHE_DIR=$PWD/.tcache39-race; bwdrace )
-  fi
+  ( export TRITON_CACHE_DIR=$PWD/.tcache39-race; bwdrace ) &
+  [ "${BWDRACE_BG:-0}" = 1 ] || wait $!
 fi
 if has ab; then
   el ab
