@@ -160,9 +160,10 @@ def gluon_bwd_meta() -> str:
     place."""
     from flashcheck.kernels import flash_attention_gluon_bwd
     mode = _common.get_gluon_bwd()
-    meta = _gluon_meta(mode, flash_attention_gluon_bwd.AVAILABLE, "no Gluon bulk reduce-add",
+    if mode == "auto" and flash_attention_gluon_bwd.AVAILABLE:
+        return f"auto ({_common.GLUON_BWD_AUTO})"
+    return _gluon_meta(mode, flash_attention_gluon_bwd.AVAILABLE, "no Gluon bulk reduce-add",
                        "the Triton kernels ran")
-    return f"auto ({_common.GLUON_BWD_AUTO})" if meta == "auto" else meta
 
 
 def _gluon_meta(mode: str, available: bool, lacks: str, instead: str) -> str:
