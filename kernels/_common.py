@@ -416,24 +416,33 @@ def use_tma(kind: str, device: torch.device, elem: int, block_d: int,
             and schedule(kind, elem, block_d, band)["tma"])
 
 
-GLUON_MODES = ("auto", "persistent", "off")
+GLUON_MODES = ("auto", "tile", "persistent", "off")
 _gluon_mode = [os.environ.get("FLASHCHECK_GLUON", "auto")]
 if _gluon_mode[0] not in GLUON_MODES:
     raise ValueError(f"FLASHCHECK_GLUON must be one of {GLUON_MODES}, got {_gluon_mode[0]!r}")
-# The forward's Gluon path (kernels/flash_attention_gluon.py) by head dim: the smallest key
-# length it takes. Measured beside the Triton forward on the H200, the 24 configurations of
-# kernels/bench.py in one call (docs/benchmarks/sweep.md round 17): at D = 128 faster in all
-# 12 (1.01-1.28x); at D = 64 faster at N = 16K (1.02-1.05x), not at 1K (0.92-1.00x) nor at
-# 4K fp16 (0.99x).
+# The forward's Gluon path (kernels/flash_attention_gluon.py) by head dim, one program per
+# tile: the smallest key length it takes. Measured beside the Triton forward on the H200,
+# the 24 configurations of kernels/bench.py in one call (docs/benchmarks/sweep.md round 17):
+# at D = 128 faster in all 12 (1.01-1.28x); at D = 64 faster at N = 16K (1.02-1.05x), not at
+# 1K (0.92-1.00x) nor at 4K fp16 (0.99x).
 GLUON_FWD_MIN_KEYS = {128: 1, 64: 4097}
+# The persistent grid (one program per multiprocessor over the tiles) by head dim: the
+# largest key length "auto" gives it. Measured on the H100 under triton 3.9 (sweep.md round
+# 21, causal tiles in pairs; time persistent / per tile, every timing of the round): D = 128
+# at 1K 0.84-0.92 (8 of 8 faster), at 4K 0.92-1.05 (10 of 14 faster), at 16K 1.00-1.12 (8
+# of 8 slower); D = 64 against the Triton forward in the same call 0.89-1.00 (12 of 12
+# faster at 1K, 4K and 16K), against per tile at 16K 0.94-1.01 (3 of 4).
+GLUON_PERSISTENT_MAX_KEYS = {128: 4096, 64: 16384}
 
 
 def set_gluon(mode: str) -> None:
-    """Select whether the forward takes its Gluon path where it applies (:data:`GLUON_MODES`:
-    "auto", the default: one program per tile; "persistent": one program per multiprocessor
-    looping over the tiles (kernels/flash_attention_gluon.py, not yet timed); "off": the
-    Triton forward always; the environment variable ``FLASHCHECK_GLUON`` sets it at
-    import)."""
+    """Select the forward's Gluon path (:data:`GLUON_MODES`): "auto", the default, per
+    problem (:func:`gluon_grid`: the persistent grid up to
+    :data:`GLUON_PERSISTENT_MAX_KEYS`, one program per tile above); "tile": one program per
+    tile wherever :data:`GLUON_FWD_MIN_KEYS` allows; "persistent": one program per
+    multiprocessor looping over the tiles wherever "auto" takes the Gluon path; "off": the
+    Triton forward always. The environment variable ``FLASHCHECK_GLUON`` sets it at
+    import."""
     if mode not in GLUON_MODES:
         raise ValueError(f"Gluon mode must be one of {GLUON_MODES}, got {mode!r}")
     _gluon_mode[0] = mode
@@ -449,10 +458,20 @@ def get_gluon() -> str:
     return _gluon_mode[0]
 
 
-def gluon_forward(head_dim: int, n_keys: int) -> bool:
-    """Whether :data:`GLUON_FWD_MIN_KEYS` sends a forward of this head dim and key length to
-    the Gluon path (its other conditions: flash_attention_gluon.supported)."""
-    return n_keys >= GLUON_FWD_MIN_KEYS.get(head_dim, math.inf)
+def gluon_grid(head_dim: int, n_keys: int) -> str | None:
+    """The Gluon forward's grid for this head dim and key length under the current mode:
+    "persistent", "tile", or None (the Triton forward). Its other conditions:
+    flash_attention_gluon.supported."""
+    mode = _gluon_mode[0]
+    tile = n_keys >= GLUON_FWD_MIN_KEYS.get(head_dim, math.inf)
+    if mode == "off":
+        return None
+    if mode == "tile":
+        return "tile" if tile else None
+    persistent = n_keys <= GLUON_PERSISTENT_MAX_KEYS.get(head_dim, 0)
+    if mode == "persistent":
+        return "persistent" if persistent or tile else None
+    return "persistent" if persistent else ("tile" if tile else None)
 
 
 GLUON_BWD_MODES = ("auto", "off", "split", "writer")

@@ -147,10 +147,16 @@ def _meta() -> dict:
 
 
 def gluon_fwd_meta() -> str:
-    """The Gluon forward mode as the run took it ("auto": one program per tile,
-    "persistent", "off"), or that this Triton cannot build it and the Triton forward ran."""
+    """The Gluon forward mode as the run took it ("auto" with where it takes the persistent
+    grid, "tile", "persistent", "off"), or that this Triton cannot build it and the Triton
+    forward ran."""
     from flashcheck.kernels import flash_attention_gluon
-    return _gluon_meta(_common.get_gluon(), flash_attention_gluon.AVAILABLE,
+    mode = _common.get_gluon()
+    if mode == "auto" and flash_attention_gluon.AVAILABLE:
+        upto = ", ".join(f"to {n} keys at D {d}"
+                         for d, n in _common.GLUON_PERSISTENT_MAX_KEYS.items())
+        return f"auto (persistent {upto}; per tile above)"
+    return _gluon_meta(mode, flash_attention_gluon.AVAILABLE,
                        "no Gluon warp_specialize", "the Triton forward ran")
 
 

@@ -16,15 +16,19 @@ rows of one batch and head):
   runs; each ends with its own epilogue (lse; O through its Q buffer, free by then, and a
   TMA store).
 
-``_common.set_gluon("persistent")`` (``FLASHCHECK_GLUON=persistent``; not yet timed, so not
-the default) launches ``_fwd_persistent_kernel`` instead: one program per multiprocessor
-over every tile (``_tile``: a (batch, head)'s query tiles consecutive, so that the programs
-running at once share its K and V in L2; causal ones longest first). The rings' positions
-run on across tiles; each warpgroup hands its Q buffer back as soon as its last Q Kᵀ
-product has completed (the producer loads the next tile's Q and K/V under this tile's last
-P V and epilogue), and stores O from a buffer of its own (32 KiB more shared memory), whose
-bulk store is waited for only before that buffer is written again. Each tile's arithmetic
-is the per-tile kernel's: the same bits.
+The persistent grid, ``_fwd_persistent_kernel``: one program per multiprocessor over every
+tile (``_tile``: a (batch, head)'s query tiles consecutive, so that the programs running at
+once share its K and V in L2; causal ones in pairs of equal work, a head's u-th longest
+then its u-th shortest, where a head has an even count, else longest first). The rings'
+positions run on across tiles; each warpgroup hands its Q buffer back as soon as its last
+Q Kᵀ product has completed (the producer loads the next tile's Q and K/V under this tile's
+last P V and epilogue), and stores O from a buffer of its own (32 KiB more shared memory),
+whose bulk store is waited for only before that buffer is written again. Each tile's
+arithmetic is the per-tile kernel's: the same bits. The default mode ("auto",
+``_common.gluon_grid``) launches it up to ``_common.GLUON_PERSISTENT_MAX_KEYS`` keys
+(D = 128: 4096, D = 64: 16384; measured faster there than per tile and than the Triton
+forward, slower than per tile above: sweep.md round 21) and the per-tile grid above;
+``FLASHCHECK_GLUON=tile`` or ``persistent`` takes one grid wherever the path runs.
 
 The arithmetic is the Triton forward's, product for product: the same 128-key tiles give
 the same P, lse and O up to the order of the fp32 accumulation over the head dim inside
@@ -33,9 +37,9 @@ folded with log2(e) into one fp32 constant, ``exp2``, P rounded to the input dty
 P V, the lse in base-2 units for the shared backward.
 
 Where it runs (:func:`eligible`; everything else takes the Triton forward): CUDA sm_90,
-float16/bfloat16, head dims 64 and 128 (64 only where keys > 4096: measured faster there,
-not below; ``_common.GLUON_FWD_MIN_KEYS``), query and key lengths multiples of 128, Q, K
-and V contiguous (B, H, N, D) at 16-byte aligned addresses (the bulk tensor copy's rule),
+float16/bfloat16, head dims 64 and 128 (``_common.gluon_grid``; "tile" takes 64 only
+where keys > 4096, ``_common.GLUON_FWD_MIN_KEYS``), query and key lengths multiples of 128,
+Q, K and V contiguous (B, H, N, D) at 16-byte aligned addresses (the bulk tensor copy's rule),
 no mask, and either no band or the causal one with ``hi_off == 0`` (top-left; bottom-right
 with Nq == Nk), GQA included, in either tuning mode (one fixed configuration: autotune
 mode tunes the Triton kernels of the other calls); ``_common.set_gluon("off")`` (or
@@ -432,7 +436,7 @@ def supported(p: Problem, dtype: torch.dtype, contiguous: bool) -> bool:
     rows_ok = p.Nq % (2 * BLOCK_M) == 0 and p.Nk % BLOCK_N == 0 and p.Nq > 0 and p.Nk > 0
     band_ok = not p.has_lo and (not p.has_hi or p.hi_off == 0)
     return (dtype in (torch.float16, torch.bfloat16) and contiguous and rows_ok and band_ok
-            and p.mask is None and _common.gluon_forward(p.D, p.Nk))
+            and p.mask is None and _common.gluon_grid(p.D, p.Nk) is not None)
 
 
 def tma_ready(*tensors: torch.Tensor) -> bool:
@@ -480,7 +484,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Problem):
     tiles = (p.Nq // (2 * BLOCK_M), p.B * p.Hq)
     # (a CPU tensor only under the sm_90a compile check, which launches nothing)
     with _common.device_ctx(q):
-        if _common.get_gluon() == "persistent":
+        if _common.gluon_grid(p.D, p.Nk) == "persistent":
             paired = p.has_hi and tiles[0] % 2 == 0  # _slot: causal tiles in pairs
             units = tiles[0] * tiles[1] // (2 if paired else 1)
             programs = min(units, _common.sm_count(q.device))

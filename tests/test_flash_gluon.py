@@ -24,7 +24,7 @@ from flashcheck.kernels import _common
 from flashcheck.kernels import flash_attention as fa
 from flashcheck.kernels import flash_attention_gluon as fg
 from flashcheck.kernels._common import Problem
-from script_modules import compile_for_sm90
+from script_modules import compile_for_sm90, load
 
 ROOT = Path(__file__).resolve().parent.parent
 SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -43,8 +43,8 @@ def _problem(Nq=1024, Nk=1024, D=128, causal=False, hi_off=0, has_lo=False, mask
     (dict(Nq=128, Nk=8192, D=64), torch.bfloat16, True, True),  # D 64 past 4096 keys
     (dict(Nq=256, Nk=384, Hq=8, Hkv=1), torch.float16, True, True),  # MQA, Nq != Nk
     (dict(), torch.float32, True, False),  # fp32: the Triton forward
-    (dict(D=64), torch.bfloat16, True, False),  # D 64 at 1024 keys: measured slower
-    (dict(Nk=4096, D=64), torch.bfloat16, True, False),
+    (dict(D=64), torch.bfloat16, True, True),  # D 64 at 1024 keys: the persistent grid
+    (dict(Nk=4096, D=64), torch.bfloat16, True, True),
     (dict(D=96), torch.bfloat16, True, False),
     (dict(Nq=1000), torch.bfloat16, True, False),  # rows not a multiple of 128
     (dict(Nk=1000), torch.bfloat16, True, False),
@@ -57,18 +57,55 @@ def test_supported_takes_exactly_its_problems(kw, dtype, contiguous, want):
     assert fg.supported(_problem(**kw), dtype, contiguous) is want
 
 
+@pytest.mark.parametrize("D, Nk, want", [
+    # (head dim, keys) -> the grid per mode: auto, tile, persistent, off
+    (128, 128, ("persistent", "tile", "persistent", None)),
+    (128, 4096, ("persistent", "tile", "persistent", None)),
+    (128, 4224, ("tile", "tile", "persistent", None)),  # past the persistent grid's 4096
+    (128, 16384, ("tile", "tile", "persistent", None)),
+    (64, 1024, ("persistent", None, "persistent", None)),  # per tile measured slower here
+    (64, 4096, ("persistent", None, "persistent", None)),
+    (64, 4224, ("persistent", "tile", "persistent", None)),
+    (64, 16384, ("persistent", "tile", "persistent", None)),
+    (64, 16512, ("tile", "tile", "persistent", None)),
+    (96, 1024, (None, None, None, None)),
+])
+def test_the_grid_per_mode_follows_the_measured_tables(D, Nk, want):
+    """``gluon_grid``: "auto" takes the persistent grid up to GLUON_PERSISTENT_MAX_KEYS and
+    per tile above (where GLUON_FWD_MIN_KEYS allows); "tile" and "persistent" one grid over
+    the union of those domains' own; "off" none."""
+    assert _common.GLUON_PERSISTENT_MAX_KEYS == {128: 4096, 64: 16384}
+    assert _common.GLUON_FWD_MIN_KEYS == {128: 1, 64: 4097}
+    got = []
+    for mode in ("auto", "tile", "persistent", "off"):
+        with _common.gluon(mode):
+            got.append(_common.gluon_grid(D, Nk))
+    assert tuple(got) == want
+
+
 def test_eligible_never_off_the_gpu_and_the_switch_is_checked():
     q = torch.zeros(2, 4, 1024, 128, dtype=torch.float16)
     k = torch.zeros(2, 2, 1024, 128, dtype=torch.float16)
     assert not fg.eligible(_problem(), q, k, k)
     assert _common.get_gluon() == "auto"
     with pytest.raises(ValueError,
-                       match=r"Gluon mode must be one of \('auto', 'persistent', 'off'\)"):
+                       match=r"Gluon mode must be one of \('auto', 'tile', 'persistent', 'off'\)"):
         _common.set_gluon("on")
     env = {**os.environ, "FLASHCHECK_GLUON": "fast"}
     res = subprocess.run([sys.executable, "-c", "import flashcheck.kernels"], env=env,
                          capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert res.returncode != 0 and "FLASHCHECK_GLUON must be one of" in res.stderr
+
+
+@pytest.mark.parametrize("mode, dims", [("auto", {64, 128}), ("persistent", {64, 128}),
+                                         ("tile", {128})])
+def test_the_forward_domain_campaign_entry_draws_the_head_dims_its_mode_takes(mode, dims):
+    """scripts/gpu/gluon_domain.py: head dim 64 only where the mode takes it at every length
+    the entry draws (128 to 2048 keys), so that no case of its campaign leaves the path."""
+    with _common.gluon(mode):
+        entry = load("scripts/gpu/gluon_domain.py", f"gluon_domain_{mode}")
+        assert entry.attention.capabilities["head_dims"] == dims
+        assert all(_common.gluon_grid(d, n) for d in dims for n in range(128, 2049, 128))
 
 
 @pytest.mark.skipif(not fg.AVAILABLE, reason="this Triton's Gluon has no warp_specialize")
@@ -95,7 +132,7 @@ from flashcheck.kernels import _common
 from flashcheck.kernels import flash_attention_gluon as g
 from flashcheck.kernels._common import Problem
 _common.sm_count = lambda device: 132  # the H200's multiprocessors (the persistent grid)
-for mode in ("auto", "persistent"):
+for mode in ("tile", "auto"):  # auto: persistent at 2048 keys
     for causal in (False, True):
         q = torch.empty(2, 4, 1024, 128, dtype=torch.bfloat16)
         k = torch.empty(2, 2, 2048, 128, dtype=torch.bfloat16)
@@ -124,7 +161,7 @@ def test_compiles_for_sm90_with_its_partitions_and_overlap(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     recs = json.loads(res.stdout.strip().splitlines()[-1])
     assert [(r["launch"].split()[0], r["kernel"]) for r in recs] == [
-        ("auto", "_fwd_kernel")] * 2 + [("persistent", "_fwd_persistent_kernel")] * 2
+        ("tile", "_fwd_kernel")] * 2 + [("auto", "_fwd_persistent_kernel")] * 2
     for r in recs:
         assert r["registers"] == fg.MAXNREG and r["shared_bytes"] <= 227 * 1024, r
         # Spills by ptxas release (ptxas -v, bf16 D 128): per tile 0 / 4 bytes (not causal
@@ -175,8 +212,10 @@ def _qkv(B, Hq, Hkv, Nq, Nk, D, dtype, seed=0):
     ((1, 2, 2, 256, 640, 128, torch.float16), dict(is_causal=True)),  # top-left, Nk > Nq
     ((1, 2, 2, 128, 8192, 64, torch.float16), dict()),
     ((1, 2, 2, 8192, 8192, 64, torch.bfloat16), dict(is_causal=True)),
+    ((2, 4, 2, 1024, 1024, 64, torch.float16), dict(is_causal=True, enable_gqa=True)),
+    ((1, 4, 4, 640, 4096, 64, torch.bfloat16), dict()),
 ])
-@pytest.mark.parametrize("mode", ["auto", "persistent"])
+@pytest.mark.parametrize("mode", ["tile", "persistent", "auto"])
 def test_gluon_forward_gives_the_triton_forward_results(shape, kw, mode):
     """Out within 2 units in the last place of the dtype at its largest entry (another
     accumulation order inside the head-dim products) and lse within 8 fp32 ulps; the
@@ -189,15 +228,20 @@ def test_gluon_forward_gives_the_triton_forward_results(shape, kw, mode):
     p = _common.validate(q, k, v, None, 0.0, causal, kw.get("scale"),
                          kw.get("enable_gqa", False), None,
                          kw.get("causal_alignment", "top_left"))
-    assert fg.eligible(p, q, k, v)
+    with _common.gluon(mode):
+        if not fg.eligible(p, q, k, v):
+            assert mode == "tile" and D == 64 and Nk <= 4096
+            pytest.skip("D 64 at 4096 keys or fewer: outside the per-tile grid's domain")
+        grid = _common.gluon_grid(D, Nk)
     before = fg.LAUNCHES[0]
     with _common.gluon(mode):
         got = fa._forward(q, k, v, p, False)
     assert fg.LAUNCHES[0] == before + 1
-    if mode == "persistent":
-        per_tile = fa._forward(q, k, v, p, False)
-        assert torch.equal(got[0], per_tile[0]) and torch.equal(got[1], per_tile[1])
-        before += 1
+    with _common.gluon("tile"):
+        if grid == "persistent" and fg.eligible(p, q, k, v):  # each tile's bits per tile
+            per_tile = fa._forward(q, k, v, p, False)
+            assert torch.equal(got[0], per_tile[0]) and torch.equal(got[1], per_tile[1])
+            before += 1
     with _common.gluon("off"):
         want = fa._forward(q, k, v, p, False)
     assert fg.LAUNCHES[0] == before + 1
@@ -244,7 +288,10 @@ def test_the_bench_header_names_the_gluon_forward_mode(monkeypatch):
     cannot build the Gluon forward and the Triton forward ran."""
     from flashcheck.kernels import bench
     monkeypatch.setattr(fg, "AVAILABLE", True)
-    assert bench.gluon_fwd_meta() == "auto"
+    assert bench.gluon_fwd_meta() == ("auto (persistent to 4096 keys at D 128, to 16384 keys "
+                                      "at D 64; per tile above)")
+    with _common.gluon("tile"):
+        assert bench.gluon_fwd_meta() == "tile"
     with _common.gluon("persistent"):
         assert bench.gluon_fwd_meta() == "persistent"
         monkeypatch.setattr(fg, "AVAILABLE", False)

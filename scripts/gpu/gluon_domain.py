@@ -5,19 +5,23 @@
 
 ``attention`` is ``flashcheck.kernels.attention`` with capabilities narrowed
 (docs/contracts.md section 2) to the calls ``kernels.flash_attention_gluon.eligible``
-accepts at head dim 128: float16/bfloat16, sequence lengths multiples of 128 (at most
-2048, so that the float64 oracles stay quick), contiguous layout, no mask, no window, GQA,
-causal top-left (bottom-right where Nq == Nk, through ``supports``), the backward. The
-harness's strategies draw inside that domain by construction, so every case runs the Gluon
-forward (and the Triton backward from its lse). Each call checks that it did: a call that
-left the Gluon path raises AssertionError, which the harness records as a failure, not a
-skip.
+accepts: head dim 128, and 64 where the Gluon mode takes it at these lengths ("auto" and
+"persistent": the persistent grid; not "tile"), float16/bfloat16, sequence lengths
+multiples of 128 (at most 2048, so that the float64 oracles stay quick), contiguous
+layout, no mask, no window, GQA, causal top-left (bottom-right where Nq == Nk, through
+``supports``), the backward. The harness's strategies draw inside that domain by
+construction, so every case runs the Gluon forward (and the backward from its lse). Each
+call checks that it did: a call that left the Gluon path raises AssertionError, which the
+harness records as a failure, not a skip.
 """
 
 from __future__ import annotations
 
+from flashcheck.kernels import _common
 from flashcheck.kernels import flash_attention as fa
 from flashcheck.kernels import flash_attention_gluon as fg
+
+MAX_SEQLEN = 2048
 
 
 def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -41,9 +45,10 @@ def _supports(case) -> str | None:
 attention.capabilities = {
     **fa.capabilities(),
     "dtypes": ("float16", "bfloat16"),
-    "head_dims": {128},
+    "head_dims": {d for d in (64, 128) if _common.gluon_grid(d, 128) is not None
+                  and _common.gluon_grid(d, MAX_SEQLEN) is not None},
     "seq_multiple": 128,
-    "max_seqlen": 2048,
+    "max_seqlen": MAX_SEQLEN,
     "layouts": ("contiguous",),
     "masks": (),
     "extensions": ("causal_alignment",),
