@@ -102,8 +102,11 @@
 #   bash scripts/gpu/session.sh accept    the issue's acceptance run: the quick bench under
 #                                         triton 3.9 (carry .triton) with the Gluon backward's
 #                                         ACCEPT_BWD form (default auto), once per forward
-#                                         mode in ACCEPT_FWD (default "auto persistent";
-#                                         persistent only where fwdpersist's tests passed)
+#                                         mode in ACCEPT_FWD (default "auto tile"; auto
+#                                         and persistent only where fwdpersist's tests
+#                                         passed)
+#   bash scripts/gpu/session.sh late      after the phases before it (put it last): bwdgap
+#                                         and the quick bench once more, under triton 3.9
 #   bash scripts/gpu/session.sh bwdgap    the backward timed four ways under triton 3.9 (carry
 #                                         .triton): the bench's replay after an L2 flush, the
 #                                         replay alone, after a fresh forward, forward+backward
@@ -135,7 +138,13 @@ export TORCHINDUCTOR_COMPILE_THREADS=1
 # returns them (the tarball is written only when the script exits).
 R=${GPU_R:-$PWD/gpu_out}; mkdir -p "$R" "$TRITON_CACHE_DIR"
 T0=$(date +%s)
-el() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+# each line with the GPU's clocks, temperature, power and active clock-limit reasons (a
+# backward whose time moves between phases: sweep.md round 21)
+gpu_state() {
+  nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active \
+    --format=csv,noheader 2>/dev/null | head -1 | tr -d ' '
+}
+el() { echo "[$(( $(date +%s) - T0 ))s] $* {gpu $(gpu_state)}"; }
 job() { local name=$1 t=$2; shift 2; ( timeout -s TERM "$t" "$@" > "$R/$name.log" 2>&1; echo "exit=$?" >> "$R/$name.log" ) & }
 pack() { [ -n "${GPU_R:-}" ] || tar czf "$OUT/gpu.tgz" --exclude=hypothesis-db -C "$R" . 2>/dev/null; }
 # triton 3.9 (carried in .triton) for this and the later phases, with a cache of its own;
@@ -233,12 +242,14 @@ fi
 if has accept; then
   # the issue's acceptance run: the quick bench (bf16, D 128, N 4096, causal and not; ours
   # beside cuDNN, flex and SDPA-flash) under triton 3.9 with the Gluon backward's ACCEPT_BWD
-  # form (default auto), once per Gluon forward mode in ACCEPT_FWD (default "auto
-  # persistent"; persistent only where fwdpersist's GPU tests passed in this call)
+  # form (default auto), once per Gluon forward mode in ACCEPT_FWD (default "auto tile":
+  # the default, which takes the persistent grid up to 4096 keys at D 128, and per tile;
+  # the modes launching the persistent grid only where fwdpersist's GPU tests passed in
+  # this call)
   el accept
   use_triton39 accept
-  for mode in ${ACCEPT_FWD:-auto persistent}; do
-    if [ "$mode" = persistent ] && [ "${FWDP_PYTEST:-0}" != 0 ]; then
+  for mode in ${ACCEPT_FWD:-auto tile}; do
+    if [ "$mode" != tile ] && [ "$mode" != off ] && [ "${FWDP_PYTEST:-0}" != 0 ]; then
       el "accept $mode skipped: fwdpersist's GPU tests failed"; continue
     fi
     FLASHCHECK_GLUON=$mode FLASHCHECK_GLUON_BWD=${ACCEPT_BWD:-auto} timeout -s TERM 400 \
@@ -560,6 +571,19 @@ if has kernel; then
   job kernel/det 300 python3 scripts/gpu/determinism.py --out "$R/kernel/determinism.json"
   wait
   el "kernel done"
+fi
+if has late; then
+  # the backward timed again after the phases before it (the campaigns): round 21 saw the
+  # causal ordered backward at 6.2 ms in the bench on a fresh H100 and 7.3 after ten
+  # minutes of campaigns, cuDNN's unchanged; bwd_gap.py and the quick bench once more
+  el late
+  use_triton39 late
+  timeout -s TERM 300 python3 scripts/gpu/bwd_gap.py --out "$R/late-bwdgap.json" \
+    > "$R/late-bwdgap.log" 2>&1
+  el "late bwdgap exit=$?"
+  FLASHCHECK_GLUON_BWD=${ACCEPT_BWD:-auto} timeout -s TERM 400 python3 -m flashcheck.kernels.bench \
+    --quick --out "$R/late-accept" > "$R/late-accept.log" 2>&1
+  el "late accept exit=$?"
 fi
 if has checks; then
   job det 250 python3 scripts/gpu/determinism.py --out "$R/determinism.json"
