@@ -138,13 +138,13 @@ export TORCHINDUCTOR_COMPILE_THREADS=1
 # returns them (the tarball is written only when the script exits).
 R=${GPU_R:-$PWD/gpu_out}; mkdir -p "$R" "$TRITON_CACHE_DIR"
 T0=$(date +%s)
-# each line with the GPU's clocks, temperature, power and active clock-limit reasons (a
-# backward whose time moves between phases: sweep.md round 21)
+# each line with the GPU's clocks, temperature, power and active clock-limit reasons, and
+# the host's load average (a backward whose time moves between phases: sweep.md round 21)
 gpu_state() {
   nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active \
     --format=csv,noheader 2>/dev/null | head -1 | tr -d ' '
 }
-el() { echo "[$(( $(date +%s) - T0 ))s] $* {gpu $(gpu_state)}"; }
+el() { echo "[$(( $(date +%s) - T0 ))s] $* {gpu $(gpu_state); load $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)}"; }
 job() { local name=$1 t=$2; shift 2; ( timeout -s TERM "$t" "$@" > "$R/$name.log" 2>&1; echo "exit=$?" >> "$R/$name.log" ) & }
 pack() { [ -n "${GPU_R:-}" ] || tar czf "$OUT/gpu.tgz" --exclude=hypothesis-db -C "$R" . 2>/dev/null; }
 # triton 3.9 (carried in .triton) for this and the later phases, with a cache of its own;
@@ -578,6 +578,9 @@ if has late; then
   # minutes of campaigns, cuDNN's unchanged; bwd_gap.py and the quick bench once more
   el late
   use_triton39 late
+  # what else runs: processes left behind by the phases before (host time in the timings)
+  { nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv
+    ps -eo pid,pcpu,etime,args --sort=-pcpu | head -8; } > "$R/late-ps.txt" 2>&1
   timeout -s TERM 300 python3 scripts/gpu/bwd_gap.py --out "$R/late-bwdgap.json" \
     > "$R/late-bwdgap.log" 2>&1
   el "late bwdgap exit=$?"
