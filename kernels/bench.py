@@ -151,13 +151,10 @@ def gluon_fwd_meta() -> str:
     grid, "tile", "persistent", "off"), or that this Triton cannot build it and the Triton
     forward ran."""
     from flashcheck.kernels import flash_attention_gluon
-    mode = _common.get_gluon()
-    if mode == "auto" and flash_attention_gluon.AVAILABLE:
-        upto = ", ".join(f"to {n} keys at D {d}"
-                         for d, n in _common.GLUON_PERSISTENT_MAX_KEYS.items())
-        return f"auto (persistent {upto}; per tile above)"
-    return _gluon_meta(mode, flash_attention_gluon.AVAILABLE,
-                       "no Gluon warp_specialize", "the Triton forward ran")
+    upto = ", ".join(f"to {n} keys at D {d}" for d, n in _common.GLUON_PERSISTENT_MAX_KEYS.items())
+    return _gluon_meta(_common.get_gluon(), flash_attention_gluon.AVAILABLE,
+                       f"persistent {upto}; per tile above", "no Gluon warp_specialize",
+                       "the Triton forward ran")
 
 
 def gluon_bwd_meta() -> str:
@@ -165,15 +162,17 @@ def gluon_bwd_meta() -> str:
     or where this Triton cannot build the kernel, that the Triton kernels ran in its
     place."""
     from flashcheck.kernels import flash_attention_gluon_bwd
-    mode = _common.get_gluon_bwd()
-    if mode == "auto" and flash_attention_gluon_bwd.AVAILABLE:
-        return f"auto ({_common.GLUON_BWD_AUTO})"
-    return _gluon_meta(mode, flash_attention_gluon_bwd.AVAILABLE, "no Gluon bulk reduce-add",
+    return _gluon_meta(_common.get_gluon_bwd(), flash_attention_gluon_bwd.AVAILABLE,
+                       _common.GLUON_BWD_AUTO, "no Gluon bulk reduce-add",
                        "the Triton kernels ran")
 
 
-def _gluon_meta(mode: str, available: bool, lacks: str, instead: str) -> str:
+def _gluon_meta(mode: str, available: bool, auto: str, lacks: str, instead: str) -> str:
+    """``mode`` as a run took it: "auto (``auto``: what the default takes)", the mode, or
+    that this Triton ``lacks`` what it needs and ``instead`` ran."""
     import triton
+    if mode == "auto" and available:
+        return f"auto ({auto})"
     if mode == "off" or available:
         return mode
     asked = "(the default) not" if mode == "auto" else "asked, not"

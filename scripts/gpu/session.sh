@@ -146,6 +146,11 @@ gpu_state() {
 }
 el() { echo "[$(( $(date +%s) - T0 ))s] $* {gpu $(gpu_state); load $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)}"; }
 job() { local name=$1 t=$2; shift 2; ( timeout -s TERM "$t" "$@" > "$R/$name.log" 2>&1; echo "exit=$?" >> "$R/$name.log" ) & }
+# the quick bench with the Gluon backward's ACCEPT_BWD form into $R/NAME (NAME.log), and
+# scripts/gpu/bwd_gap.py into $R/NAME.json: the acceptance run's two timings
+quick_bench() { FLASHCHECK_GLUON_BWD=${ACCEPT_BWD:-auto} timeout -s TERM 400 \
+  python3 -m flashcheck.kernels.bench --quick --out "$R/$1" > "$R/$1.log" 2>&1; }
+bwd_gap() { timeout -s TERM 300 python3 scripts/gpu/bwd_gap.py --out "$R/$1.json" > "$R/$1.log" 2>&1; }
 pack() { [ -n "${GPU_R:-}" ] || tar czf "$OUT/gpu.tgz" --exclude=hypothesis-db -C "$R" . 2>/dev/null; }
 # triton 3.9 (carried in .triton) for this and the later phases, with a cache of its own;
 # what it set up goes to $R/env-NAME.txt
@@ -252,15 +257,14 @@ if has accept; then
     if [ "$mode" != tile ] && [ "$mode" != off ] && [ "${FWDP_PYTEST:-0}" != 0 ]; then
       el "accept $mode skipped: fwdpersist's GPU tests failed"; continue
     fi
-    FLASHCHECK_GLUON=$mode FLASHCHECK_GLUON_BWD=${ACCEPT_BWD:-auto} timeout -s TERM 400 \
-      python3 -m flashcheck.kernels.bench --quick --out "$R/accept-$mode" > "$R/accept-$mode.log" 2>&1
+    FLASHCHECK_GLUON=$mode quick_bench "accept-$mode"
     el "accept $mode exit=$?"
   done
 fi
 if has bwdgap; then
   el bwdgap
   use_triton39 bwdgap
-  timeout -s TERM 300 python3 scripts/gpu/bwd_gap.py --out "$R/bwdgap.json" > "$R/bwdgap.log" 2>&1
+  bwd_gap bwdgap
   el "bwdgap exit=$?"
 fi
 bwdrace() {
@@ -581,11 +585,9 @@ if has late; then
   # what else runs: processes left behind by the phases before (host time in the timings)
   { nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv
     ps -eo pid,pcpu,etime,args --sort=-pcpu | head -8; } > "$R/late-ps.txt" 2>&1
-  timeout -s TERM 300 python3 scripts/gpu/bwd_gap.py --out "$R/late-bwdgap.json" \
-    > "$R/late-bwdgap.log" 2>&1
+  bwd_gap late-bwdgap
   el "late bwdgap exit=$?"
-  FLASHCHECK_GLUON_BWD=${ACCEPT_BWD:-auto} timeout -s TERM 400 python3 -m flashcheck.kernels.bench \
-    --quick --out "$R/late-accept" > "$R/late-accept.log" 2>&1
+  quick_bench late-accept
   el "late accept exit=$?"
 fi
 if has checks; then
