@@ -21,7 +21,8 @@ each member, real kernels that make its choice.
   ``p_normalized``, ``grads_input_dtype`` and ``fwd_fast_exp`` below fp32 only);
   declaring ``split_kv`` brings ``split_kv_halves``, declaring ``bwd_scores_k16`` brings
   ``bwd_scores_k8`` and ``bwd_scores_k1``, declaring ``fwd_fast_exp`` brings
-  ``fwd_fast_exp_low`` and ``fwd_fast_exp_high``.
+  ``fwd_fast_exp_low`` and ``fwd_fast_exp_high``, declaring ``bias_fma_split`` brings
+  ``bias_fma_split_e`` (the same contraction in natural-log units).
 - ``run_family(query, key, value, grad_out, ...)``: every member on the same inputs; per
   member the output and (with ``grad_out``) dq, dk, dv, exactly as
   ``online_attention(..., **kwargs)`` and autograd with that ``grad_out`` give them.
@@ -75,6 +76,7 @@ FAMILY: dict[str, dict] = {
     "fp32_fma_chain": dict(_BASE, accumulate="fma_chain", gqa_reduce="group_fp32"),
     "fp32_3xtf32": dict(_BASE, fp32_dot="3xtf32"),
     "bias_fma_split": dict(_BASE, scale_at="exp2", bias_fma="split"),
+    "bias_fma_split_e": dict(_BASE, bias_fma="split"),
     "p_normalized": dict(_BASE, normalize="before_pv"),
     # PyTorch's CPU flash backward: 32-row query tiles (its tiling below 192 query rows, the
     # most roundings of its three), 512-key tiles.
@@ -227,7 +229,16 @@ FAMILY_NOTES: dict[str, str] = {
                       "kernels (our Triton kernels on the H200, fp32 normal(30) inputs with a "
                       "bias, D 11: dq 1.18 against the other members' 0.35, 1.13x the rule; "
                       "this member's dq, dk, dv and out errors equal the kernel's to 2-3 "
-                      "digits); opt-in",
+                      "digits); opt-in, and declaring it brings bias_fma_split_e",
+    "bias_fma_split_e": "the same contraction in natural-log units (scale not folded, exp): "
+                        "the forward rounds QKᵀ·scale + bias once with the product exact, "
+                        "the backward rounds QKᵀ·scale and then adds the bias. A kernel "
+                        "that keeps its scores in natural-log units with one FMA per score "
+                        "(tl.exp of qk·sm_scale + bias) makes it; the base-2 member does "
+                        "not cover it everywhere: the bias_fma_split control (this "
+                        "arithmetic, tiles of 16) failed at 1.08x (1.57x on CI's machine), "
+                        "fp32 D 1, logits ~1e3, where this member's errors equal the "
+                        "control's bit for bit and the base-2 member's dk is 3.7x smaller",
     "p_normalized": "the probabilities normalised before the P@V product: P = e^(S − m)/ℓ "
                     "over the whole row, rounded to the input dtype, O = P·V with no final "
                     "division (an unfused softmax then a matmul: FlexAttention's eager path, "
@@ -293,7 +304,9 @@ _LOOP_KEYS = dict(block_m=128, block_n=128, order="fa2")
 #   error on every fp32 tensor (the sdpa-efficient builtin declares it).
 # - bias_fma_split: the backward's scores another rounding of the forward's (one FMA each,
 #   contracted two ways): 3.4x the other members' dq and 3.9x their dk at fp32 logits ~4e3
-#   with an additive bias (our Triton kernels on NVIDIA GPUs declare it).
+#   with an additive bias (our Triton kernels on NVIDIA GPUs declare it). The choice is
+#   made in base 2 or in natural-log units, two arithmetics whose errors differ by up to
+#   3.7x at one element (fp32 D 1): declaring it brings both members.
 # - p_normalized: its rounded probabilities are the worst member in many fp16/bf16 cases
 #   (calibration: 2.15x the other members' dq, 1.39x their out RMSE), and by default it
 #   hid precision mutants case by case (120 drawn fp16/bf16 cases: fp16_accumulation failed
@@ -317,7 +330,8 @@ OPT_IN = ("q_prescaled", "q_exp2_prescaled", "split_kv", "bwd_scores_k16", "qk_s
 # kernel's own): declaring the choice brings all of them.
 _OPT_IN_MEMBERS = {"split_kv": ("split_kv", "split_kv_halves"),
                    "bwd_scores_k16": ("bwd_scores_k16", "bwd_scores_k8", "bwd_scores_k1"),
-                   "fwd_fast_exp": ("fwd_fast_exp_low", "fwd_fast_exp_high")}
+                   "fwd_fast_exp": ("fwd_fast_exp_low", "fwd_fast_exp_high"),
+                   "bias_fma_split": ("bias_fma_split", "bias_fma_split_e")}
 # Every member that is judged only when declared.
 OPT_IN_MEMBERS = tuple(m for c in OPT_IN for m in _OPT_IN_MEMBERS.get(c, (c,)))
 

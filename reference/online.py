@@ -416,6 +416,12 @@ def _scores(ar: _Arith, p: Problem, qi, kj, attn_mask, rows, cols, backward=Fals
     elif ar.base2:
         raw = ar.mm_scores(qi, kt, backward)
         s = raw * c
+    elif ar.bias_split:
+        # the kernel's scale argument in the accumulator dtype, so that float64 holds
+        # QKᵀ·c exactly for the forward's one rounding below
+        c = torch.tensor(p.scale, dtype=ar.acc).item()
+        raw = ar.mm_scores(qi, kt, backward)
+        s = raw * c
     else:
         s = ar.mm_scores(qi, kt, backward) * p.scale
     if not ar.fused:
@@ -435,11 +441,14 @@ def _scores(ar: _Arith, p: Problem, qi, kj, attn_mask, rows, cols, backward=Fals
         s = ar.ftz(fused.to(ar.acc))
     elif bias is not None and ar.bias_split:
         # One FMA per score, contracted two ways (bias_fma="split"): the forward keeps
-        # QKᵀ·c exact and adds the rounded bias·log2 e; the backward adds the exact
-        # bias·log2 e to the rounded QKᵀ·c. float64 holds each exact product (24 + 24 bits).
-        b64 = bias.to(torch.float64) * LOG2E
+        # QKᵀ·c exact and adds the rounded bias term; the backward adds the exact bias
+        # term to the rounded QKᵀ·c. In base 2 the bias term is bias·log2 e; in natural-log
+        # units (scale_at="scores") it is the bias itself, exact in both passes. float64
+        # holds each exact product (24 + 24 bits).
+        unit = LOG2E if ar.base2 else 1.0
+        b64 = bias.to(torch.float64) * unit
         s = (s.to(torch.float64) + b64 if backward
-             else raw.to(torch.float64) * c + (bias.to(ar.acc) * LOG2E).to(torch.float64))
+             else raw.to(torch.float64) * c + (bias.to(ar.acc) * unit).to(torch.float64))
         s = ar.ftz(s.to(ar.acc))
     elif bias is not None:
         s = s + (bias.to(ar.acc) * LOG2E if ar.base2 else bias.to(ar.acc))
@@ -950,9 +959,10 @@ def _make_arith(dtype, precision, **switches) -> _Arith:
                          f"and bias_fma='none' (the scale folded into K in the backward "
                          f"alone); got scale_at={sw['scale_at']!r}, "
                          f"bias_fma={sw['bias_fma']!r}")
-    if ar.bias_split and sw["scale_at"] != "exp2":
+    if ar.bias_split and sw["scale_at"] not in ("exp2", "scores"):
         raise ValueError(f"bias_fma='split': only with scale_at='exp2' (the score in base 2 "
-                         f"as QKᵀ·c plus bias·log2 e); got scale_at={sw['scale_at']!r}")
+                         f"as QKᵀ·c plus bias·log2 e) or 'scores' (QKᵀ·scale plus bias, "
+                         f"natural exp); got scale_at={sw['scale_at']!r}")
     if ar.tf32 and (dtype != torch.float32 or precision != "emulate"):
         raise ValueError(
             f"tf32: only for float32 inputs with precision='emulate'; got {dtype} "

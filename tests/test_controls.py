@@ -676,3 +676,41 @@ def test_p_normalized_control_passes_its_avx2_case():
          "--kernel", "flashcheck.verify.controls.p_normalized:attention", "--device", "cpu"],
         env=env, capture_output=True, text=True, cwd=root, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+
+
+def test_bias_fma_split_control_is_judged_by_the_natural_log_member():
+    """The bias_fma_split control contracts the biased score in natural-log units (no
+    folded scale, exp): CI's controls campaign drew fp32 D 1 with logits ~1e3 and a bias,
+    where its dk error sat above 3x the base-2 member's (1.08x the rule here, 1.57x on CI's
+    machine). Declaring the choice brings ``bias_fma_split_e``, this arithmetic: its errors
+    are the control's bit for bit, and the control passes with that member setting dk's
+    rule; the base-2 member's dk error is more than 3x smaller (K_RULE would not cover it)."""
+    from pathlib import Path
+
+    from flashcheck.reference.family import FAMILY, run_family
+    from flashcheck.verify.check import check_case
+    from flashcheck.verify.controls.bias_fma_split import attention
+
+    case, _ = load_case_file(Path(__file__).parent / "data"
+                             / "bias_fma_split_control_natural_log.json")
+    v = check_case(attention, case, "cpu", family="full")
+    assert v.status == "pass" and v.tensors["dk"].member == "bias_fma_split_e", v.summary()
+
+    inp = case.materialize("cpu")
+    args = (inp.query, inp.key, inp.value, inp.grad_out, inp.attn_mask)
+    kw = dict(window=case.window, scale=case.scale)
+    exact = run_family(*(t.double() for t in args), members={"x": dict(block_m=128,
+                                                                        block_n=128)}, **kw)["x"]
+    names = ("bias_fma_split", "bias_fma_split_e")
+    fam = run_family(*args, members={n: FAMILY[n] for n in names}, **kw)
+    q, k, v_ = (t.detach().requires_grad_() for t in args[:3])
+    out = attention(q, k, v_, attn_mask=inp.attn_mask, scale=case.scale, window=case.window)
+    got = dict(zip(("dq", "dk", "dv"), torch.autograd.grad(out, (q, k, v_), inp.grad_out),
+                   strict=True), out=out.detach())
+
+    def err(t, n):
+        return float((t[n].double() - exact[n]).abs().max())
+
+    for n in ("out", "dq", "dk", "dv"):
+        assert err(got, n) == err(fam["bias_fma_split_e"], n), n
+    assert err(got, "dk") > 3 * err(fam["bias_fma_split"], "dk")

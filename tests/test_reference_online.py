@@ -504,27 +504,33 @@ def test_bias_fma_split_rounds_the_biased_score_two_ways(mask):
     """``bias_fma="split"``: with an additive bias the forward's score is one rounding of
     QKᵀ·c + fl(bias·log2 e) and the backward's one rounding of fl(QKᵀ·c) + bias·log2 e, so
     out and the gradients move off ``scale_at="exp2"``'s, by a few fp32 roundings; without
-    a bias every tensor is ``exp2``'s bit for bit. Any other ``scale_at`` is refused."""
+    a bias every tensor is ``exp2``'s bit for bit. In natural-log units
+    (``scale_at="scores"``) the same holds against the baseline. Any other ``scale_at`` is
+    refused."""
     kw = make_problem(B=1, Hq=2, Hkv=2, Nq=24, Nk=24, D=5, seed=4, dtype=torch.float32,
                       mask=mask)
     kw["query"] = kw["query"] * 20.0  # logits ~1e2: the roundings of S reach P
     dout = torch.randn(kw["query"].shape, generator=torch.Generator().manual_seed(2))
 
-    def run(**sw):
+    def run(scale_at, **sw):
         return _grads(lambda **a: reference.online_attention(
-            **a, block_m=8, block_n=8, scale_at="exp2", return_lse=True, **sw), kw, dout, "cpu")
+            **a, block_m=8, block_n=8, scale_at=scale_at, return_lse=True, **sw), kw, dout,
+            "cpu")
 
-    base, split = run(), run(bias_fma="split")
-    same = [torch.equal(a, b) for a, b in zip((base[0], *base[2]), (split[0], *split[2]),
-                                              strict=True)]
-    assert all(same) == (mask == "none"), same
-    # |S| ~ 1e2: another rounding of S moves P by ~2^-17 relative; dS = P(dP − D) over 24
-    # keys and its products with Q, K stay within 2^5 of that relative to the largest value.
-    for a, b in zip((base[0], *base[2]), (split[0], *split[2]), strict=True):
-        assert (a - b).abs().max() <= 2.0**-12 * a.abs().max()
-    with pytest.raises(ValueError, match=r"bias_fma='split': only with scale_at='exp2'"):
+    for scale_at in ("exp2", "scores"):
+        base, split = run(scale_at), run(scale_at, bias_fma="split")
+        same = [torch.equal(a, b) for a, b in zip((base[0], *base[2]), (split[0], *split[2]),
+                                                  strict=True)]
+        assert all(same) == (mask == "none"), (scale_at, same)
+        # |S| ~ 1e2: another rounding of S moves P by ~2^-17 relative; dS = P(dP − D) over
+        # 24 keys and its products with Q, K stay within 2^5 of that relative to the
+        # largest value.
+        for a, b in zip((base[0], *base[2]), (split[0], *split[2]), strict=True):
+            assert (a - b).abs().max() <= 2.0**-12 * a.abs().max()
+    with pytest.raises(ValueError, match=r"bias_fma='split': only with scale_at='exp2'.*"
+                                         r"or 'scores'.*got scale_at='q'"):
         reference.online_attention(**make_problem(B=1, Hq=1, Hkv=1, Nq=3, Nk=3, D=2, seed=0),
-                                   bias_fma="split")
+                                   bias_fma="split", scale_at="q")
 
 
 def test_bwd_scores_rejected_with_its_name():

@@ -7,10 +7,11 @@ rounded bias term, its backward kernels round QKᵀ·c and add the bias term exa
 backward's P = exp(S − lse) then comes from another rounding of each score than the
 forward's lse, ~u·|S| relative, which dQ and dK inherit at large logits. This control makes
 that choice in natural-log units: the forward rounds QKᵀ·scale + bias once (the product
-exact), the backward rounds QKᵀ·scale and then the sum. The family's member
-``bias_fma_split`` makes it in base 2 (scale·log2 e folded, exp2), so the two are not the
-same arithmetic. The member is opt-in, declared here (``capabilities["family"]``). Its own
-code on the base's hooks. Correct.
+exact), the backward rounds QKᵀ·scale and then the sum. Declaring the choice
+(``capabilities["family"]``) brings two members: ``bias_fma_split`` makes it in base 2
+(scale·log2 e folded, exp2), not this arithmetic, and ``bias_fma_split_e`` in natural-log
+units, this arithmetic (the base-2 member alone let this control fail at 1.08x, fp32 D 1,
+logits ~1e3: tests/test_controls.py). Its own code on the base's hooks. Correct.
 """
 
 import torch
