@@ -204,6 +204,11 @@ def test_fuzz_finds_shrinks_and_writes_the_failure(tmp_path, kfile, capsys):
     assert "flashcheck repro" in printed and "FAIL" in printed
     # The written case replays as a failure.
     assert cli.main(["repro", str(files[0])]) == 1
+    # ... and so does its one-line JSON in the log, saved as a file (a CI run's files go)
+    line = next(x for x in printed.splitlines() if x.startswith("  json:   "))
+    (tmp_path / "from_log.json").write_text(line.split("json:   ", 1)[1])
+    assert load_case_file(tmp_path / "from_log.json")[0] == case
+    assert cli.main(["repro", str(tmp_path / "from_log.json")]) == 1
 
 
 def test_fuzz_reuse_compiled_finds_and_shrinks_the_failure(tmp_path, kfile):

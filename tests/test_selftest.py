@@ -203,3 +203,33 @@ def test_a_seed_names_one_campaign_whatever_the_last_bits_of_the_ratios(tmp_path
     monkeypatch.setattr(check, "error_ratio", lambda v: exact(v) * (
         1 + 2 ** -45 * (zlib.crc32(v.case.short().encode()) % 5 - 2)))
     assert drawn("perturbed") == base and len(base) == 40
+
+
+def test_a_false_alarm_leaves_its_case_replayable_in_the_log(tmp_path, monkeypatch, capsys):
+    """CI keeps the log, not the output directory: a control's false alarm ends the log with
+    the verdict's reason, the replay command and the case as one line of JSON that, saved
+    as a file, loads as the same case (its seed and every parameter unrounded)."""
+    from flashcheck.verify.cases import Case, load_case_file, save_case_file
+
+    case = Case(B=2, Hq=2, Hkv=2, Nq=39, Nk=39, D=1, dtype="float32", window=(16, 0),
+                mask={"kind": "bias"}, scale=0.49551234567, seed=854,
+                dist={"kind": "large_logits", "target": 1000.0})
+    path = tmp_path / "ctl" / "fail.json"
+    path.parent.mkdir()
+    reason = "dk: 1/156 elements off (worst at [1, 1, 21, 0]: got -16.73, want -16.73)"
+    save_case_file(path, case, kernel="/elsewhere/verify/controls/bias_fma_split.py:attention",
+                   verdict={"status": "fail", "failure": "numerical", "reason": reason})
+    st = _selftest(True, True)
+    res = _result(worst_ratio=1.57, first_fail_s=1.0, case_file=str(path),
+                  caught_by="numerical: dk")
+    st.controls.append(selftest.ControlRow("bias_fma_split", "x", passed=False, result=res))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(selftest, "run_selftest", lambda **kw: st)
+    assert selftest.main(["--device", "cpu", "--out", str(tmp_path / "out")]) == 1
+    tail = capsys.readouterr().out.rstrip().splitlines()[-4:]
+    assert tail[0] == f"false alarm bias_fma_split: {reason}"
+    assert tail[2].split() == ["replay:", "flashcheck", "repro", "--device", "cpu", "--kernel",
+                               "flashcheck.verify.controls.bias_fma_split:attention", str(path)]
+    saved = tmp_path / "from_log.json"
+    saved.write_text(tail[3].split("case JSON: ", 1)[1])
+    assert load_case_file(saved)[0] == case

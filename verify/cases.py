@@ -630,6 +630,20 @@ def save_case_file(path, case: Case, **meta) -> None:
         f.write("\n")
 
 
+def case_file_line(case: Case, **meta) -> str:
+    """A case file as one line of JSON (``format``, ``version``, ``case`` and ``meta``, keys
+    of ``CASE_FILE_META``), for a log that outlives the run's files: saved as a ``.json``
+    file it loads as the same case (``load_case_file``)."""
+    unknown = sorted(set(meta) - set(CASE_FILE_META))
+    if unknown:
+        raise ValueError(f"case_file_line: unknown meta key(s) {unknown}; allowed: "
+                         f"{list(CASE_FILE_META)}")
+    if isinstance(case, TensorCase):
+        case = case.case
+    doc = {"format": CASE_FILE_FORMAT, "version": CASE_VERSION, "case": case.to_dict(), **meta}
+    return json.dumps(doc, separators=(",", ":"), allow_nan=True, default=str)
+
+
 def load_case_file(path) -> tuple[Case, dict]:
     """Read a case file; returns ``(case, meta)`` where ``meta`` holds the other keys.
 

@@ -404,6 +404,7 @@ class Campaign:
 
     def _write(self, case: Any, verdict: Any, *, note: str = "") -> Path:
         """Write the failure (and, for a root cause, remember its file); print it."""
+        from flashcheck.verify.cases import case_file_line
         from flashcheck.verify.supervise import root_cause
         from flashcheck.verify.sweep import write_failure
 
@@ -426,6 +427,8 @@ class Campaign:
         print(f"  case:   {case.short()}")
         print(f"  file:   {path} (+ {path.with_suffix('.md').name})")
         print(f"  replay: {R.replay_command(str(path), self.kernel_spec, self.device)}")
+        # the case file's case in the log too, for a run whose files are gone (CI)
+        print(f"  json:   {case_file_line(case, kernel=self.kernel_spec)}")
         return path
 
     def _hit(self, sig: tuple, case: Any, verdict: Any) -> None:

@@ -369,6 +369,32 @@ def _control_line(r: ControlRow) -> str:
             f"{_fmt_ratio(res.worst_ratio)}{extra}")
 
 
+def false_alarm_report(r: ControlRow, device: str) -> str:
+    """What a false alarm leaves in the log, for a CI run whose output directory is gone:
+    the verdict's reason (tensor, worst index, both values, the bound and the member that
+    set it), the replay command, and the case file's case as one line of JSON, which saved
+    as a ``.json`` file replays the same case (seed included) with ``flashcheck repro``."""
+    from flashcheck.verify.cases import case_file_line, load_case_file
+
+    res = r.result
+    if not res.case_file:
+        return f"false alarm {r.name}: no case file ({res.error or res.caught_by})"
+    from flashcheck.verify.controls import CONTROLS
+
+    case, meta = load_case_file(res.case_file)
+    # a control by its module (its file's path is the campaign machine's)
+    builtin = {c.name: c.builtin for c in CONTROLS}.get(r.name)
+    spec = (r.name if builtin else f"flashcheck.verify.controls.{r.name}:attention"
+            if builtin is not None else meta.get("kernel") or r.name)
+    reason = (meta.get("verdict") or {}).get("reason") or res.caught_by
+    return "\n".join([
+        f"false alarm {r.name}: {reason}",
+        f"  case file: {res.case_file}",
+        f"  replay:    flashcheck repro --device {device} --kernel {spec} {res.case_file}",
+        f"  case JSON: {case_file_line(case, kernel=spec)}",
+    ])
+
+
 def _md_cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
@@ -538,6 +564,10 @@ def main(argv: list[str] | None = None) -> int:
           + f"; controls: {st.n_false_alarms} false alarm(s) in {len(st.controls)}; "
           f"{st.wall_s:.0f} s")
     print("tables: " + ", ".join(str(x) for x in paths))
+    # Last in the log, where a CI tail keeps them: each false alarm's case, replayable.
+    for r in st.controls:
+        if not r.passed:
+            print(false_alarm_report(r, device))
     return 0 if st.ok else 1
 
 
