@@ -610,13 +610,11 @@ TENSOR_KEYS = TENSOR_KEYS_REQUIRED + ("attn_mask", "grad_out")
 TENSOR_SUFFIXES = (".npz", ".pt")
 
 
-def save_case_file(path, case: Case, **meta) -> None:
-    """Write a case file: ``{"format", "version", "case", "kernel", "versions", "device",
-    "verdict"}`` (docs/contracts.md §3). ``meta`` keys must be among ``CASE_FILE_META``;
-    a value with a ``to_dict()`` method (a Verdict) is stored as that dict."""
+def _case_doc(who: str, case: Case, meta: dict) -> dict:
+    """The JSON object of a case file; ``meta`` keys must be among ``CASE_FILE_META``."""
     unknown = sorted(set(meta) - set(CASE_FILE_META))
     if unknown:
-        raise ValueError(f"save_case_file: unknown meta key(s) {unknown}; allowed: "
+        raise ValueError(f"{who}: unknown meta key(s) {unknown}; allowed: "
                          f"{list(CASE_FILE_META)}")
     if isinstance(case, TensorCase):
         case = case.case
@@ -625,22 +623,24 @@ def save_case_file(path, case: Case, **meta) -> None:
         if k in meta:
             v = meta[k]
             doc[k] = v.to_dict() if hasattr(v, "to_dict") else v
+    return doc
+
+
+def save_case_file(path, case: Case, **meta) -> None:
+    """Write a case file: ``{"format", "version", "case", "kernel", "versions", "device",
+    "verdict"}`` (docs/contracts.md §3). ``meta`` keys must be among ``CASE_FILE_META``;
+    a value with a ``to_dict()`` method (a Verdict) is stored as that dict."""
+    doc = _case_doc("save_case_file", case, meta)
     with open(path, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=2, allow_nan=True, default=str)
         f.write("\n")
 
 
 def case_file_line(case: Case, **meta) -> str:
-    """A case file as one line of JSON (``format``, ``version``, ``case`` and ``meta``, keys
-    of ``CASE_FILE_META``), for a log that outlives the run's files: saved as a ``.json``
-    file it loads as the same case (``load_case_file``)."""
-    unknown = sorted(set(meta) - set(CASE_FILE_META))
-    if unknown:
-        raise ValueError(f"case_file_line: unknown meta key(s) {unknown}; allowed: "
-                         f"{list(CASE_FILE_META)}")
-    if isinstance(case, TensorCase):
-        case = case.case
-    doc = {"format": CASE_FILE_FORMAT, "version": CASE_VERSION, "case": case.to_dict(), **meta}
+    """A case file as one line of JSON (as ``save_case_file`` writes it), for a log that
+    outlives the run's files: saved as a ``.json`` file it loads as the same case
+    (``load_case_file``)."""
+    doc = _case_doc("case_file_line", case, meta)
     return json.dumps(doc, separators=(",", ":"), allow_nan=True, default=str)
 
 
