@@ -304,6 +304,7 @@ def error_model(
     dtype: torch.dtype | str,
     tf32: bool = False,
     exact: Exact | None = None,
+    fast_exp: float = 0.0,
 ) -> dict[str, TensorBound]:
     """Floors and a-priori bounds for out, lse and (with ``grad_out``) dq, dk, dv.
 
@@ -311,10 +312,14 @@ def error_model(
     ``allowed``: bool broadcastable to (B, Hq, Nq, Nk) (structure and bool mask combined);
     ``bias``: additive scores or None. ``dtype`` is the input dtype; ``tf32`` says fp32 dot
     products use TF32 operands. ``exact``: :func:`exact_operands` of these same arguments
-    (built here when None).
+    (built here when None). ``fast_exp``: the largest relative error of the forward's
+    probabilities where the kernel declares a fast forward exp (the family's
+    ``fwd_fast_exp``: ``reference.online.FAST_EXP_REL``), else 0.
     """
     if not (isinstance(scale, float) and scale > 0):
         raise ValueError(f"scale must be a finite float > 0, got {scale!r}")
+    if not (isinstance(fast_exp, float) and 0.0 <= fast_exp < 2.0**-8):
+        raise ValueError(f"fast_exp must be a float in [0, 2^-8), got {fast_exp!r}")
     u = unit_roundoff(dtype)  # rounding of P, dS and the result (input dtype)
     tdt = dtype if isinstance(dtype, torch.dtype) else getattr(torch, dtype)
     half_eta = 0.5 * SUBNORMAL_SPACING.get(tdt, 0.0)  # absolute part of each rounding
@@ -431,6 +436,17 @@ def error_model(
     dp_x = p * torch.sqrt(torch.clamp(es * es * (1 - p) ** 2 + pes2 - (p * es) ** 2, min=0))
     o_pre = (FLOOR_C * torch.sqrt((p_res * p_res) @ (av * av))
              + U_ACC * torch.sqrt(n_keys) * pv + torch.sqrt((mult * dp_x * dp_x) @ (v * v)))
+    if fast_exp:
+        # A declared fast forward exp errs by up to fast_exp relative on each P_ij, a smooth
+        # function of the score (not random signs): after the division by l that moves O_i
+        # by up to fast_exp sum_j P_ij |V_jd - O_id| <= fast_exp sqrt(sum_j P_ij (V_jd -
+        # O_id)^2) (Jensen, sum_j P_ij = 1): V's spread under the row's softmax. The
+        # family's fwd_fast_exp members shift every P alike, which the division cancels, so
+        # their O rounds as the exact one does; a real fast exp moves O by ~1e-4 relative,
+        # and fp16's spacing of 2^-10 relative rounds some elements of O the other way,
+        # each moving D_i by dO_id times a spacing (the fwd_fast_exp control, fp16 D 5,
+        # dO = normal(100): dk 3.9x the members' error, 1.1x the rule without this term).
+        o_pre = o_pre + fast_exp * torch.sqrt(torch.clamp(p @ (v * v) - o * o, min=0))
     o_flip = _rounding_flip_spacing(o, o_pre, tdt)
 
     do = exact.do

@@ -372,6 +372,16 @@ def _reference(inputs: Inputs, backward: bool) -> dict[str, torch.Tensor]:
     return res
 
 
+def declared_fast_exp(declared, dtype: str) -> float:
+    """``error_model``'s ``fast_exp``: the fast exp's largest relative error where the kernel
+    declares ``fwd_fast_exp`` and the inputs are below fp32 (where the family's members
+    for it apply), else 0."""
+    from flashcheck.reference.online import FAST_EXP_REL
+
+    return FAST_EXP_REL if ("fwd_fast_exp" in declared
+                            and dtype in ("float16", "bfloat16")) else 0.0
+
+
 def _family(inputs: Inputs, ref: dict, backward: bool, *, tf32: bool,
             strict_subnormals: bool, declared=(), only: tuple[str, ...] | None = None
             ) -> tuple[dict, dict, dict, dict, list]:
@@ -776,7 +786,8 @@ def _check_once(kernel, case: Case, device: str, *, baseline: bool, inputs: Inpu
         exact = exact_operands(inp.query, inp.key, inp.value, grad_out, allowed=allowed,
                                bias=bias, scale=scale)
         model = error_model(inp.query, inp.key, inp.value, grad_out, allowed=allowed,
-                            bias=bias, scale=scale, dtype=case.dtype, tf32=tf32, exact=exact)
+                            bias=bias, scale=scale, dtype=case.dtype, tf32=tf32, exact=exact,
+                            fast_exp=declared_fast_exp(fam_kw["declared"], case.dtype))
         flush = None if strict_subnormals else ftz_allowance(
             allowed, bias, (inp.query.shape[0], inp.query.shape[1], inp.query.shape[2],
                             inp.key.shape[2]), inp.key.shape[1], inp.query.dtype,
