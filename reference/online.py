@@ -394,8 +394,11 @@ def _scores(ar: _Arith, p: Problem, qi, kj, attn_mask, rows, cols, backward=Fals
     ``scale_at="exp2_fma"``, the exact products QKᵀ·c in float64 (plus bias·log2 e with an
     additive bias; −inf where masked) that ``_Arith.exp_minus`` fuses with the shift; else
     None."""
-    # One accumulator-dtype constant scale·log2(e) in base 2 (FlashAttention-2/3, Triton).
-    c = torch.tensor(p.scale * LOG2E, dtype=ar.acc).item() if ar.base2 else p.scale
+    # One accumulator-dtype constant scale·log2(e) in base 2 (FlashAttention-2/3, Triton);
+    # with bias_fma="split" in natural-log units the kernel's scale argument in that dtype,
+    # so that float64 holds QKᵀ·c exactly for the forward's one rounding (below).
+    c = (torch.tensor(p.scale * LOG2E if ar.base2 else p.scale, dtype=ar.acc).item()
+         if ar.base2 or ar.bias_split else p.scale)
     kt = kj.transpose(-2, -1)
     if ar.scale_at in ("q", "q_exp2"):
         s = ar.mm_scores(ar.rnd(qi * c), kt, backward)
@@ -413,13 +416,7 @@ def _scores(ar: _Arith, p: Problem, qi, kj, attn_mask, rows, cols, backward=Fals
         # operand: Q·fl(K·c), K·c rounded in the accumulator dtype, where the forward's lse
         # came from fl(QKᵀ)·c (PyTorch's CPU flash backward on AVX-512 machines).
         s = ar.mm(qi, ar.ftz((kt * c).to(ar.acc)))
-    elif ar.base2:
-        raw = ar.mm_scores(qi, kt, backward)
-        s = raw * c
-    elif ar.bias_split:
-        # the kernel's scale argument in the accumulator dtype, so that float64 holds
-        # QKᵀ·c exactly for the forward's one rounding below
-        c = torch.tensor(p.scale, dtype=ar.acc).item()
+    elif ar.base2 or ar.bias_split:
         raw = ar.mm_scores(qi, kt, backward)
         s = raw * c
     else:

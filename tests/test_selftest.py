@@ -210,6 +210,7 @@ def test_a_false_alarm_leaves_its_case_replayable_in_the_log(tmp_path, monkeypat
     the verdict's reason, the replay command and the case as one line of JSON that, saved
     as a file, loads as the same case (its seed and every parameter unrounded)."""
     from flashcheck.verify.cases import Case, load_case_file, save_case_file
+    from flashcheck.verify.report import replay_command
 
     case = Case(B=2, Hq=2, Hkv=2, Nq=39, Nk=39, D=1, dtype="float32", window=(16, 0),
                 mask={"kind": "bias"}, scale=0.49551234567, seed=854,
@@ -228,8 +229,10 @@ def test_a_false_alarm_leaves_its_case_replayable_in_the_log(tmp_path, monkeypat
     assert selftest.main(["--device", "cpu", "--out", str(tmp_path / "out")]) == 1
     tail = capsys.readouterr().out.rstrip().splitlines()[-4:]
     assert tail[0] == f"false alarm bias_fma_split: {reason}"
-    assert tail[2].split() == ["replay:", "flashcheck", "repro", "--device", "cpu", "--kernel",
-                               "flashcheck.verify.controls.bias_fma_split:attention", str(path)]
+    # the control by its module (its file's path is the campaign machine's), the command
+    # fuzz prints (report.replay_command)
+    assert tail[2] == "  replay:    " + replay_command(
+        str(path), "flashcheck.verify.controls.bias_fma_split:attention", "cpu")
     saved = tmp_path / "from_log.json"
     saved.write_text(tail[3].split("case JSON: ", 1)[1])
     assert load_case_file(saved)[0] == case

@@ -374,23 +374,21 @@ def false_alarm_report(r: ControlRow, device: str) -> str:
     the verdict's reason (tensor, worst index, both values, the bound and the member that
     set it), the replay command, and the case file's case as one line of JSON, which saved
     as a ``.json`` file replays the same case (seed included) with ``flashcheck repro``."""
+    from flashcheck.verify import report as R
     from flashcheck.verify.cases import case_file_line, load_case_file
+    from flashcheck.verify.controls import CONTROLS
 
     res = r.result
     if not res.case_file:
         return f"false alarm {r.name}: no case file ({res.error or res.caught_by})"
-    from flashcheck.verify.controls import CONTROLS
-
     case, meta = load_case_file(res.case_file)
-    # a control by its module (its file's path is the campaign machine's)
-    builtin = {c.name: c.builtin for c in CONTROLS}.get(r.name)
-    spec = (r.name if builtin else f"flashcheck.verify.controls.{r.name}:attention"
-            if builtin is not None else meta.get("kernel") or r.name)
+    control = next((c for c in CONTROLS if c.name == r.name), None)
+    spec = control.module_spec if control else meta.get("kernel") or r.name
     reason = (meta.get("verdict") or {}).get("reason") or res.caught_by
     return "\n".join([
         f"false alarm {r.name}: {reason}",
         f"  case file: {res.case_file}",
-        f"  replay:    flashcheck repro --device {device} --kernel {spec} {res.case_file}",
+        f"  replay:    {R.replay_command(res.case_file, spec, device)}",
         f"  case JSON: {case_file_line(case, kernel=spec)}",
     ])
 

@@ -32,6 +32,11 @@ class Control:
     def spec(self) -> str:
         return self.name if self.builtin else f"{_HERE / self.name}.py:attention"
 
+    @property
+    def module_spec(self) -> str:
+        """The spec by module, the same on every machine (``spec`` names this one's file)."""
+        return self.name if self.builtin else f"{__name__}.{self.name}:attention"
+
 
 CONTROLS: tuple[Control, ...] = (
     Control("blocked_fa2", "blocked PyTorch FA2, fp32 accumulation, tiles of 16 (mutant base)"),
