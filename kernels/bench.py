@@ -1,6 +1,7 @@
 """Speed of the Triton kernels beside PyTorch's attention kernels (GPU only).
 
-``python -m kernels.bench [--quick] [--ns N,N] [--prewarm J] [--out DIR] [--budget-s S]``;
+``python -m kernels.bench [--quick] [--ns N,N] [--rounds R] [--prewarm J] [--out DIR]
+[--budget-s S]``;
 ``flashcheck bench`` calls
 :func:`main` with its own argv. In one process, per configuration (dtype in bf16/fp16, D in
 64/128, causal or not, N in 1K/4K/16K at a fixed B*H*N = 2^20 tokens, H = 16; ``--quick``:
@@ -20,9 +21,11 @@ bf16, D = 128, N = 4K, causal and not), it times:
   raised so it never silently falls back to eager, and a row whose warm-up did not compile
   a new graph is marked.
 
-Figures: median time from ``triton.testing.do_bench``; TFLOP/s with the standard count
-4*B*H*Nq*Nk*D (x0.5 causal; backward x2.5; forward+backward x3.5); peak memory of one
-forward+backward (``torch.cuda.max_memory_allocated`` after a reset, minus the inputs).
+Figures: median time from ``triton.testing.do_bench`` (``--rounds R``: the median of R
+such times, each on fresh tensors, the implementations round-robin: :func:`run`); TFLOP/s
+with the standard count 4*B*H*Nq*Nk*D (x0.5 causal; backward x2.5; forward+backward x3.5);
+peak memory of one forward+backward (``torch.cuda.max_memory_allocated`` after a reset,
+minus the inputs).
 Output: ``bench_<gpu>.json`` and ``bench_<gpu>.md`` under ``--out`` (default
 docs/benchmarks) with the GPU name, driver and versions.
 
@@ -47,6 +50,7 @@ import json
 import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -98,14 +102,21 @@ def format_table(rows: list[dict], meta: dict) -> str:
             "TFLOP/s = 4*B*H*N^2*D (x0.5 causal, x2.5 bwd, x3.5 fwd+bwd) / median time.", "",
             "| dtype | D | causal | N | B | impl | pass | ms | TFLOP/s | peak MiB | note |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    if meta.get("rounds", 1) > 1:
+        head[2] += (f" {meta['rounds']} rounds: ms is the median, the note gives the rounds'"
+                    " range.")
     lines = []
     for r in rows:
         ms = f"{r['ms']:.3f}" if r.get("ms") is not None else "n/a"
         tf = f"{r['tflops']:.1f}" if r.get("tflops") is not None else "n/a"
         mem = f"{r['peak_mib']:.0f}" if r.get("peak_mib") is not None else ""
+        note = r.get("note", "")
+        if len(r.get("ms_rounds") or ()) > 1:
+            span = f"{min(r['ms_rounds']):.3f}-{max(r['ms_rounds']):.3f}"
+            note = f"rounds {span}" + (f"; {note}" if note else "")
         lines.append(f"| {r['dtype']} | {r['D']} | {'yes' if r['causal'] else 'no'} | "
                      f"{r['N']} | {r['B']} | {r['impl']} | {r['pass']} | {ms} | {tf} | {mem} | "
-                     f"{r.get('note', '')} |")
+                     f"{note} |")
     return "\n".join(head + lines) + "\n"
 
 
@@ -289,30 +300,65 @@ def _bench_one(cfg: dict, impl: str, timed: bool = True) -> list[dict]:
     return rows
 
 
-def run(configs: list[dict], budget_s: float, log=print, checkpoint=None) -> list[dict]:
+def run(configs: list[dict], budget_s: float, log=print, checkpoint=None,
+        rounds: int = 1) -> list[dict]:
     """Time every (configuration, implementation); ``checkpoint(rows)`` is called after each
-    configuration, so a run killed from outside keeps what it measured."""
+    configuration, so a run killed from outside keeps what it measured.
+
+    ``rounds`` > 1: each configuration's implementations are timed that many times, round
+    by round, every round on fresh tensors and the caching allocator emptied between rows,
+    the order of the implementations rotated by one each round (so that no implementation
+    always follows the same one). A row's ``ms`` is the median of its rounds', TFLOP/s from
+    that; ``ms_rounds`` keeps each round's time. A time that depends on where a row lands
+    in the process (its tensors' placement, the rows before it) shows as the spread of
+    ``ms_rounds`` instead of deciding the figure."""
     rows: list[dict] = []
     t0 = time.monotonic()
     for cfg in configs:
         if checkpoint is not None and rows:
             checkpoint(rows)
+        got: dict[str, list[list[dict]]] = {impl: [] for impl in PEERS}
+        for r in range(rounds):
+            for impl in PEERS[r % len(PEERS):] + PEERS[:r % len(PEERS)]:
+                if got[impl] and got[impl][-1][0]["ms"] is None:
+                    continue  # failed or skipped in an earlier round: not retried
+                if time.monotonic() - t0 > budget_s:
+                    if not got[impl]:
+                        got[impl].append(na_rows(cfg, impl, "skipped (time budget)"))
+                    continue
+                try:
+                    one = _bench_one(cfg, impl)
+                except Exception as e:  # a peer that fails must not stop the others
+                    reason = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+                    one = na_rows(cfg, impl, reason)
+                    got[impl] = []  # a failure in any round is the row's verdict
+                got[impl].append(one)
+                torch.cuda.empty_cache()
         for impl in PEERS:
-            if time.monotonic() - t0 > budget_s:
-                rows += na_rows(cfg, impl, "skipped (time budget)")
-                continue
-            try:
-                got = _bench_one(cfg, impl)
-            except Exception as e:  # a peer that fails must not stop the others
-                reason = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
-                got = na_rows(cfg, impl, reason)
-            rows += got
-            torch.cuda.empty_cache()
-            tf = got[2]["tflops"]
+            merged = merge_rounds(got[impl]) if rounds > 1 else got[impl][0]
+            rows += merged
+            tf = merged[2]["tflops"]
             log(f"{cfg['dtype']:8s} D={cfg['D']:3d} causal={cfg['causal']!s:5s} N={cfg['N']:5d} "
                 f"{impl:15s} fwd+bwd {'n/a' if tf is None else f'{tf:.1f}'} TFLOP/s "
-                f"{got[2]['note']}")
+                f"{merged[2]['note']}")
     return rows
+
+
+def merge_rounds(timed: list[list[dict]]) -> list[dict]:
+    """One implementation's rows from its rounds (each a list of :data:`PASSES` rows): the
+    median time per pass, TFLOP/s scaled to it, ``ms_rounds`` every round's time. A round
+    that failed (``ms`` None) decides the rows by itself."""
+    if any(rs[0]["ms"] is None for rs in timed):
+        return next(rs for rs in timed if rs[0]["ms"] is None)
+    out = []
+    for i in range(len(PASSES)):
+        each = [rs[i] for rs in timed]
+        times = [r["ms"] for r in each]
+        ms = statistics.median(times)
+        first = each[0]
+        out.append(dict(first, ms=ms, tflops=first["tflops"] * first["ms"] / ms,
+                        ms_rounds=times))
+    return out
 
 
 def warm(configs: list[dict], shard: int, shards: int) -> None:
@@ -367,6 +413,16 @@ def _ns(text: str) -> list[int]:
     return ns
 
 
+def _rounds(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 20:
+        raise argparse.ArgumentTypeError(f"must be an integer from 1 to 20, got {text!r}")
+    return n
+
+
 def _shard(text: str) -> tuple[int, int]:
     try:
         i, j = (int(x) for x in text.split("/"))
@@ -391,6 +447,9 @@ def main(argv: list[str] | None = None) -> int:
                          "(not timed; 0: compile in the timed process, at each warm-up)")
     ap.add_argument("--prewarm-timeout-s", type=float, default=300.0, metavar="S",
                     help="stop the prewarm processes after S seconds (default 300)")
+    ap.add_argument("--rounds", type=_rounds, default=1, metavar="R",
+                    help="time each configuration's implementations R times, round-robin on "
+                         "fresh tensors, and report the median (1-20, default 1)")
     ap.add_argument("--warm-shard", type=_shard, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.prewarm < 0:
@@ -411,13 +470,15 @@ def main(argv: list[str] | None = None) -> int:
     meta = _meta()
     meta["quick"] = args.quick
     meta["tuning"] = "autotune"
+    meta["rounds"] = args.rounds
     if args.prewarm > 0:
         meta["prewarm_s"] = round(prewarm(configs, args.prewarm, args.prewarm_timeout_s,
                                           args.quick, args.ns), 1)
         print(f"prewarm: {meta['prewarm_s']} s in {args.prewarm} processes", flush=True)
     with kernels.tuning("autotune"):
         rows = run(configs, args.budget_s,
-                   checkpoint=lambda rows: write_outputs(rows, meta, args.out))
+                   checkpoint=lambda rows: write_outputs(rows, meta, args.out),
+                   rounds=args.rounds)
     jp, mp = write_outputs(rows, meta, args.out)
     print(f"wrote {jp} and {mp}")
     return 0

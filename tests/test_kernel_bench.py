@@ -126,3 +126,39 @@ def test_run_checkpoints_after_each_configuration_and_keeps_failures(monkeypatch
     cudnn = [r for r in rows if r["impl"] == "sdpa-cudnn"]
     assert all(r["tflops"] is None and r["note"] == "n/a: RuntimeError: no kernel"
                for r in cudnn)
+
+
+def test_rounds_rotate_the_order_and_report_the_median(monkeypatch):
+    cfgs = bench.configurations(True)[:1]
+    order = []
+    times = {"triton-fa2": iter([7.3, 6.2, 6.3]), "sdpa-cudnn": iter([6.0, 6.1, 5.9])}
+
+    def fake(cfg, impl, timed=True):
+        order.append(impl)
+        if impl == "sdpa-efficient":
+            raise RuntimeError("unsupported")
+        ms = next(times[impl]) if impl in times else 1.0
+        return [dict(cfg, impl=impl, **{"pass": p}, ms=ms, tflops=10.0 / ms, peak_mib=1.0,
+                     note="") for p in bench.PASSES]
+
+    monkeypatch.setattr(bench, "_bench_one", fake)
+    monkeypatch.setattr(bench.torch.cuda, "empty_cache", lambda: None)
+    rows = bench.run(cfgs, budget_s=1e9, log=lambda *a: None, rounds=3)
+    n = len(bench.PEERS)
+    # each round starts one implementation later; a failed one is not retried
+    assert order[:n] == list(bench.PEERS)
+    assert order[n] == bench.PEERS[1] and "sdpa-efficient" not in order[n:]
+    ours = next(r for r in rows if r["impl"] == "triton-fa2" and r["pass"] == "bwd")
+    assert ours["ms"] == 6.3 and ours["ms_rounds"] == [7.3, 6.2, 6.3]
+    assert abs(ours["tflops"] - 10.0 / 6.3) < 1e-12  # from the median, not the first round
+    eff = [r for r in rows if r["impl"] == "sdpa-efficient"]
+    assert len(eff) == 3 and all(r["ms"] is None and "unsupported" in r["note"] for r in eff)
+    table = bench.format_table(rows, {"rounds": 3})
+    assert "3 rounds: ms is the median" in table
+    assert "| 6.300 |" in table and "rounds 6.200-7.300" in table
+
+
+def test_rounds_argument_is_checked(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--rounds", "0"])
+    assert "--rounds: must be an integer from 1 to 20, got '0'" in capsys.readouterr().err

@@ -148,8 +148,11 @@ el() { echo "[$(( $(date +%s) - T0 ))s] $* {gpu $(gpu_state); load $(cut -d' ' -
 job() { local name=$1 t=$2; shift 2; ( timeout -s TERM "$t" "$@" > "$R/$name.log" 2>&1; echo "exit=$?" >> "$R/$name.log" ) & }
 # the quick bench with the Gluon backward's ACCEPT_BWD form into $R/NAME (NAME.log), and
 # scripts/gpu/bwd_gap.py into $R/NAME.json: the acceptance run's two timings
-quick_bench() { FLASHCHECK_GLUON_BWD=${ACCEPT_BWD:-auto} timeout -s TERM 400 \
-  python3 -m flashcheck.kernels.bench --quick --out "$R/$1" > "$R/$1.log" 2>&1; }
+# the quick bench in ACCEPT_ROUNDS rounds (default 3: the median of three round-robin
+# timings on fresh tensors per row, the rounds' range in the note)
+quick_bench() { FLASHCHECK_GLUON_BWD=${ACCEPT_BWD:-auto} timeout -s TERM 500 \
+  python3 -m flashcheck.kernels.bench --quick --rounds "${ACCEPT_ROUNDS:-3}" --out "$R/$1" \
+  > "$R/$1.log" 2>&1; }
 bwd_gap() { timeout -s TERM 300 python3 scripts/gpu/bwd_gap.py --out "$R/$1.json" > "$R/$1.log" 2>&1; }
 pack() { [ -n "${GPU_R:-}" ] || tar czf "$OUT/gpu.tgz" --exclude=hypothesis-db -C "$R" . 2>/dev/null; }
 # triton 3.9 (carried in .triton) for this and the later phases, with a cache of its own;
