@@ -413,14 +413,18 @@ def _ns(text: str) -> list[int]:
     return ns
 
 
-def _rounds(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if not 1 <= n <= 20:
-        raise argparse.ArgumentTypeError(f"must be an integer from 1 to 20, got {text!r}")
-    return n
+def int_in(lo: int, hi: int):
+    """An argparse type: an integer from ``lo`` to ``hi``, else an error naming the range."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = lo - 1
+        if not lo <= n <= hi:
+            raise argparse.ArgumentTypeError(
+                f"must be an integer from {lo} to {hi}, got {text!r}")
+        return n
+    return parse
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -447,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
                          "(not timed; 0: compile in the timed process, at each warm-up)")
     ap.add_argument("--prewarm-timeout-s", type=float, default=300.0, metavar="S",
                     help="stop the prewarm processes after S seconds (default 300)")
-    ap.add_argument("--rounds", type=_rounds, default=1, metavar="R",
+    ap.add_argument("--rounds", type=int_in(1, 20), default=1, metavar="R",
                     help="time each configuration's implementations R times, round-robin on "
                          "fresh tensors, and report the median (1-20, default 1)")
     ap.add_argument("--warm-shard", type=_shard, default=None, help=argparse.SUPPRESS)

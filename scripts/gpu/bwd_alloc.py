@@ -24,6 +24,8 @@ import random
 import sys
 from pathlib import Path
 
+from flashcheck.kernels.bench import int_in
+
 SHAPE = (16, 16, 4096, 128)
 
 
@@ -68,20 +70,10 @@ def placement(i: int, rng: random.Random, pads: list, empty_cache: bool = False)
     return row
 
 
-def _count(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if not 1 <= n <= 200:
-        raise argparse.ArgumentTypeError(f"must be an integer from 1 to 200, got {text!r}")
-    return n
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="the JSON written")
-    ap.add_argument("--allocs", type=_count, default=16, help="placements (1-200)")
+    ap.add_argument("--allocs", type=int_in(1, 200), default=16, help="placements (1-200)")
     ap.add_argument("--seed", type=int, default=0, help="the pads' sizes")
     ap.add_argument("--empty-cache", action="store_true",
                     help="empty the caching allocator between timings, as kernels.bench does")

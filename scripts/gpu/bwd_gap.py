@@ -26,6 +26,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from flashcheck.kernels.bench import int_in
+
 SHAPE = dict(B=16, H=16, N=4096, D=128)
 
 
@@ -100,21 +102,12 @@ def _causals(text: str) -> tuple[bool, ...]:
     return tuple(w == "yes" for w in words)
 
 
-def _reps(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if not 1 <= n <= 1000:
-        raise argparse.ArgumentTypeError(f"must be an integer from 1 to 1000, got {text!r}")
-    return n
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="the JSON written")
     ap.add_argument("--causal", type=_causals, default=(False, True), metavar="no,yes")
-    ap.add_argument("--reps", type=_reps, default=50, help="event-timed calls per way (1-1000)")
+    ap.add_argument("--reps", type=int_in(1, 1000), default=50,
+                    help="event-timed calls per way (1-1000)")
     args = ap.parse_args(argv)
     import torch
     if not torch.cuda.is_available():
