@@ -143,7 +143,8 @@ def na_rows(cfg: dict, impl: str, reason: str) -> list[dict]:
 # ----------------------------------------------------------------------------- GPU side
 
 
-def _meta() -> dict:
+def run_meta() -> dict:
+    """The run's GPU, driver, versions, Gluon modes and date (a bench's or a GPU script's JSON)."""
     import triton
     try:
         driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,"
@@ -471,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
         with kernels.tuning("autotune"):
             warm(configs, *args.warm_shard)
         return 0
-    meta = _meta()
+    meta = run_meta()
     meta["quick"] = args.quick
     meta["tuning"] = "autotune"
     meta["rounds"] = args.rounds

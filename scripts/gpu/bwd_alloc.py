@@ -82,11 +82,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bwd_alloc: needs a CUDA GPU", file=sys.stderr)
         return 2
-    import triton
     from flashcheck.kernels import bench
-    res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-               triton=triton.__version__, gluon_bwd=bench.gluon_bwd_meta(),
-               gluon_fwd=bench.gluon_fwd_meta(), shape=SHAPE, empty_cache=args.empty_cache,
+    res = dict(bench.run_meta(), shape=SHAPE, empty_cache=args.empty_cache,
                rows=[])
     rng, pads = random.Random(args.seed), []
     for i in range(args.allocs):

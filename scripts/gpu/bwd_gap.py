@@ -113,11 +113,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bwd_gap: needs a CUDA GPU", file=sys.stderr)
         return 2
-    import triton
     from flashcheck.kernels import bench
-    res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-               triton=triton.__version__, gluon_bwd=bench.gluon_bwd_meta(),
-               gluon_fwd=bench.gluon_fwd_meta(), shape=SHAPE, rows=[])
+    res = dict(bench.run_meta(), shape=SHAPE, rows=[])
     for causal in args.causal:
         for det in (True, False):
             row = measure(causal, det, args.reps)
