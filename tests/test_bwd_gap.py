@@ -15,6 +15,7 @@ alloc = load("scripts/gpu/bwd_alloc.py")
     (["--causal", "maybe"], "--causal: must be no and/or yes separated by commas, got 'maybe'"),
     (["--reps", "0"], "--reps: must be an integer from 1 to 1000, got '0'"),
     (["--reps", "x"], "--reps: must be an integer from 1 to 1000, got 'x'"),
+    (["--d", "96"], "--d: must be 64 or 128 (the bench's head dims), got '96'"),
 ])
 def test_bad_arguments_name_themselves_and_their_range(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as exc:

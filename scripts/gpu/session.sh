@@ -112,6 +112,12 @@
 #                                         replay alone, after a fresh forward, forward+backward
 #                                         less forward, with each way's kernels
 #                                         (scripts/gpu/bwd_gap.py; sweep.md round 20's gap)
+#   bash scripts/gpu/session.sh d64gap    bwd_gap.py at D = 64 under triton 3.9 (carry .triton),
+#                                         once per forward mode in D64GAP_FWD (default "auto
+#                                         tile": the persistent Gluon forward, and the Triton
+#                                         forward it replaced below 4097 keys): which kernel's
+#                                         time, or which gap between them, makes round 22's
+#                                         D 64 forward+backward slower than its parts
 #   bash scripts/gpu/session.sh bwdrace   racecheck's hazards in the Gluon kernels under triton
 #                                         3.9 (carry .triton), each with its threads and
 #                                         addresses (--racecheck-report hazard), and the SASS
@@ -269,6 +275,15 @@ if has bwdgap; then
   use_triton39 bwdgap
   bwd_gap bwdgap
   el "bwdgap exit=$?"
+fi
+if has d64gap; then
+  el d64gap
+  use_triton39 d64gap
+  for mode in ${D64GAP_FWD:-auto tile}; do
+    FLASHCHECK_GLUON=$mode timeout -s TERM 300 python3 scripts/gpu/bwd_gap.py --d 64 \
+      --out "$R/d64gap-$mode.json" > "$R/d64gap-$mode.log" 2>&1
+    el "d64gap $mode exit=$?"
+  done
 fi
 bwdrace() {
   timeout -s TERM 400 compute-sanitizer --tool racecheck --racecheck-report hazard \
