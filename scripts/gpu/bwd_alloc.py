@@ -3,6 +3,7 @@ the causal ordered Gluon backward at 6.2 ms in one process and 7.3 in another, o
 GPU at the same clocks, cuDNN unchanged).
 
     python3 scripts/gpu/bwd_alloc.py --out FILE.json [--allocs N] [--seed S] [--empty-cache]
+                                     [--small-pad]
 
 In one process, for each of ``--allocs`` placements (a pad tensor of random size, kept alive,
 moves the next allocations), fresh q, k, v, dO (bf16, B = H = 16, N = 4096, D = 128) and the
@@ -13,7 +14,10 @@ placement show as pairs that agree with each other and disagree across placement
 that do not repeat within a placement point elsewhere (the schedule, the process). The
 tensors' addresses are recorded with each row. ``--empty-cache``: the caching allocator
 emptied before each placement and between the timed implementations, as ``kernels.bench``
-empties it after every row (each row then on freshly mapped memory).
+empties it after every row (each row then on freshly mapped memory). ``--small-pad``: also
+a pad below 1 MiB, which moves what the allocator's small pool hands out next: among it the
+deterministic backward's turn counters (one int32 per query tile and head-dim half, 128 KiB
+at this shape, polled by every program's writer warp), which the large pads never move.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ def _timed_backward(fwd, do, grads) -> float:
                     return_mode="median")
 
 
-def placement(i: int, rng: random.Random, pads: list, empty_cache: bool = False) -> dict:
+def placement(i: int, rng: random.Random, pads: list, empty_cache: bool = False,
+              small_pad: bool = False) -> dict:
     import torch
     import torch.nn.functional as F
     from flashcheck.kernels import flash_attention as fa
@@ -46,6 +51,8 @@ def placement(i: int, rng: random.Random, pads: list, empty_cache: bool = False)
         torch.cuda.empty_cache()
     pad_bytes = rng.randrange(0, 64 << 20, 4096)
     pads.append(torch.empty(pad_bytes, dtype=torch.uint8, device="cuda"))
+    small_bytes = rng.randrange(0, 1 << 20, 512) if small_pad else 0
+    pads.append(torch.empty(small_bytes, dtype=torch.uint8, device="cuda"))
     gen = torch.Generator(device="cuda").manual_seed(i)
     q, k, v = (torch.randn(SHAPE, device="cuda", dtype=torch.bfloat16, generator=gen)
                .requires_grad_() for _ in range(3))
@@ -60,7 +67,7 @@ def placement(i: int, rng: random.Random, pads: list, empty_cache: bool = False)
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     impls["cudnn"] = cudnn
-    row = dict(placement=i, pad_bytes=pad_bytes,
+    row = dict(placement=i, pad_bytes=pad_bytes, small_pad_bytes=small_bytes,
                ptrs={n: t.data_ptr() for n, t in zip("qkvd", (q, k, v, do), strict=True)}, ms={})
     for _ in range(2):  # the second time after the others ran
         for name, fwd in impls.items():
@@ -77,6 +84,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="the pads' sizes")
     ap.add_argument("--empty-cache", action="store_true",
                     help="empty the caching allocator between timings, as kernels.bench does")
+    ap.add_argument("--small-pad", action="store_true",
+                    help="also a pad below 1 MiB per placement (moves the small pool's blocks)")
     args = ap.parse_args(argv)
     import torch
     if not torch.cuda.is_available():
@@ -84,10 +93,10 @@ def main(argv=None) -> int:
         return 2
     from flashcheck.kernels import bench
     res = dict(bench.run_meta(), shape=SHAPE, empty_cache=args.empty_cache,
-               rows=[])
+               small_pad=args.small_pad, rows=[])
     rng, pads = random.Random(args.seed), []
     for i in range(args.allocs):
-        row = placement(i, rng, pads, args.empty_cache)
+        row = placement(i, rng, pads, args.empty_cache, args.small_pad)
         res["rows"].append(row)
         print(json.dumps({"placement": i, "ms": {k: [round(x, 3) for x in v]
                                                 for k, v in row["ms"].items()}}), flush=True)

@@ -118,6 +118,11 @@
 #                                         forward it replaced below 4097 keys): which kernel's
 #                                         time, or which gap between them, makes round 22's
 #                                         D 64 forward+backward slower than its parts
+#   bash scripts/gpu/session.sh stateb    scripts/gpu/bwd_alloc.py under triton 3.9 (carry
+#                                         .triton), three processes: as in round 22 (the
+#                                         inputs moved), --small-pad (the turn counters moved
+#                                         too), --empty-cache (the bench's allocator emptying):
+#                                         which one brings the causal ordered backward's 7.3 ms
 #   bash scripts/gpu/session.sh bwdrace   racecheck's hazards in the Gluon kernels under triton
 #                                         3.9 (carry .triton), each with its threads and
 #                                         addresses (--racecheck-report hazard), and the SASS
@@ -275,6 +280,16 @@ if has bwdgap; then
   use_triton39 bwdgap
   bwd_gap bwdgap
   el "bwdgap exit=$?"
+fi
+if has stateb; then
+  el stateb
+  use_triton39 stateb
+  for way in plain small-pad empty-cache; do
+    flag=$([ $way = plain ] || echo --$way)
+    timeout -s TERM 240 python3 scripts/gpu/bwd_alloc.py --allocs 12 --seed 1 $flag \
+      --out "$R/stateb-$way.json" > "$R/stateb-$way.log" 2>&1
+    el "stateb $way exit=$?"
+  done
 fi
 if has d64gap; then
   el d64gap
