@@ -62,6 +62,8 @@ compiles every form for sm_90a without a GPU.
 
 from __future__ import annotations
 
+import os
+
 import torch
 from flashcheck.kernels import _common
 from flashcheck.kernels import flash_attention_gluon as _fwd
@@ -99,6 +101,17 @@ FORMS = ("split", "writer")
 # head not resident at once, as on a GPU shared under MPS): the waiting program traps, so
 # that the call ends in a CUDA error ("an illegal instruction") instead of hanging.
 TURN_LIMIT_NS = 60 * 10 ** 9
+# The ordered forms' turn counters lie TURN_STRIDE int32 apart: 1 packs 32 to a 128-byte line
+# (the default: what every GPU run so far measured); 32 gives each its own line, so that a
+# writer polling its counter shares no line with counters that other programs release. Read
+# per call; FLASHCHECK_GLUON_BWD_TURN_STRIDE sets it at import (the placement experiment of
+# sweep.md round 22: `session.sh stateb`). The results are the same bits either way.
+TURN_STRIDES = ("1", "32")
+_stride = os.environ.get("FLASHCHECK_GLUON_BWD_TURN_STRIDE", "1")
+if _stride not in TURN_STRIDES:
+    raise ValueError(f"FLASHCHECK_GLUON_BWD_TURN_STRIDE must be one of {TURN_STRIDES}, "
+                     f"got {_stride!r}")
+TURN_STRIDE = int(_stride)
 LAUNCHES = [0]  # calls of backward() since import (tests and the GPU session read it)
 
 if AVAILABLE:
@@ -178,7 +191,7 @@ if AVAILABLE:
 
     @gluon.jit
     def _writer(dq_desc, sem_ptr, dq_smem, dq_full, dq_free, q_row0, m_lo, n_qtiles, n_ctx,
-                n_group, rot, ORDERED: gl.constexpr):
+                n_group, rot, ORDERED: gl.constexpr, TURN_STRIDE: gl.constexpr):
         """The writer forms' adding warp: the consumers' staged dQ halves tile by tile (half
         0, then 1), each slot handed back once its copy has read it. Ordered, one turn per
         tile for both halves (the tile's half-0 counter), waited for before the halves are
@@ -190,7 +203,7 @@ if AVAILABLE:
             i = j % n_qtiles
             m = q_row0 + (j // n_qtiles) * n_ctx + (m_lo + i * BM + rot) % n_ctx
             if ORDERED:
-                sem = sem_ptr + (m // BM) * 2
+                sem = sem_ptr + (m // BM) * (2 * TURN_STRIDE)
                 _turn(sem, i // 2)
                 for c in gl.static_range(2):
                     w = c * 2 + j % 2
@@ -214,7 +227,7 @@ if AVAILABLE:
 
     @gluon.jit
     def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr, ORDERED: gl.constexpr,
-                 WRITER: gl.constexpr):
+                 WRITER: gl.constexpr, TURN_STRIDE: gl.constexpr):
         """Consumer warpgroup ``C``: keys start_n + C·BN onward, and dQ's head-dim half C
         over both warpgroups' keys (see the module docstring). Under causal both take every
         query tile from the program's first (dQ needs both halves); the masked rows
@@ -296,7 +309,7 @@ if AVAILABLE:
                 staged.store(dq)
                 fence_async_shared()
                 if ORDERED:  # this half's counter of the tile
-                    sem = sem_ptr + ((qb + m0) // BM) * 2 + C
+                    sem = sem_ptr + (((qb + m0) // BM) * 2 + C) * TURN_STRIDE
                     _turn(sem, i // 2)
                     _put(dq_desc, qb + m0, C * HH, staged, i // 2 == 0)
                     if j > 0:
@@ -325,7 +338,7 @@ if AVAILABLE:
                     delta_ptr, sem_ptr, ticket_ptr, qk_scale, sm_scale, N_CTX, GROUP,
                     BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr,
                     STAGES: gl.constexpr, CAUSAL: gl.constexpr, ORDERED: gl.constexpr,
-                    WRITER: gl.constexpr):
+                    WRITER: gl.constexpr, TURN_STRIDE: gl.constexpr):
         """One program per (128 keys, batch x kv head); under GQA dK/dV accumulate over the
         group's query heads in one fp32 accumulator."""
         dtype: gl.constexpr = q_desc.dtype
@@ -393,15 +406,16 @@ if AVAILABLE:
         loads = (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bars,
                  q_ready, q_empty, row0, q_row0, start_n, m_lo, n_qtiles, N_CTX, GROUP, rot)
         if WRITER:
-            gl.warp_specialize([(_consume, (args, 0, CAUSAL, ORDERED, WRITER)),
-                                (_consume, (args, 1, CAUSAL, ORDERED, WRITER)),
+            gl.warp_specialize([(_consume, (args, 0, CAUSAL, ORDERED, WRITER, TURN_STRIDE)),
+                                (_consume, (args, 1, CAUSAL, ORDERED, WRITER, TURN_STRIDE)),
                                 (_loads, loads),
                                 (_writer, (dq_desc, sem_ptr, dq_smem, dq_full, dq_free, q_row0,
-                                           m_lo, n_qtiles, N_CTX, GROUP, rot, ORDERED))],
+                                           m_lo, n_qtiles, N_CTX, GROUP, rot, ORDERED,
+                                           TURN_STRIDE))],
                                [4, 1, 1], [240, 24, 24])
         else:
-            gl.warp_specialize([(_consume, (args, 0, CAUSAL, ORDERED, WRITER)),
-                                (_consume, (args, 1, CAUSAL, ORDERED, WRITER)),
+            gl.warp_specialize([(_consume, (args, 0, CAUSAL, ORDERED, WRITER, TURN_STRIDE)),
+                                (_consume, (args, 1, CAUSAL, ORDERED, WRITER, TURN_STRIDE)),
                                 (_loads, loads)], [4, 1], [240, 24])
 
 
@@ -464,7 +478,7 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     # followed by the programs' ticket counter
     if deterministic:
         acc = torch.empty((p.B, p.Hq, p.Nq, p.D), dtype=torch.float32, device=q.device)
-        turns = p.B * p.Hq * (p.Nq // BLOCK_M) * 2
+        turns = p.B * p.Hq * (p.Nq // BLOCK_M) * 2 * TURN_STRIDE
         sem = torch.zeros(turns + 1, dtype=torch.int32, device=q.device)
         ticket = sem[turns:]
     else:
@@ -480,6 +494,6 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
             desc(acc, BLOCK_M, p.D // 2), lse, delta,
             sem, ticket, p.scale * _common.LOG2E, p.scale, p.Nk, p.group, BLOCK_N=BLOCK_N,
             BLOCK_M=BLOCK_M, HEAD_D=p.D, STAGES=STAGES, CAUSAL=p.has_hi,
-            ORDERED=deterministic, WRITER=name.startswith("writer"), num_warps=4,
-            maxnreg=MAXNREG)
+            ORDERED=deterministic, WRITER=name.startswith("writer"), TURN_STRIDE=TURN_STRIDE,
+            num_warps=4, maxnreg=MAXNREG)
     return acc.to(q.dtype), dk, dv

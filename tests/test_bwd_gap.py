@@ -33,6 +33,7 @@ def test_without_a_gpu_it_says_so_and_writes_nothing(tmp_path, capsys):
 @pytest.mark.parametrize("args, message", [
     (["--allocs", "0"], "--allocs: must be an integer from 1 to 200, got '0'"),
     (["--allocs", "many"], "--allocs: must be an integer from 1 to 200, got 'many'"),
+    (["--turn-stride", "8"], "--turn-stride: must be 1 or 32, got '8'"),
 ])
 def test_bwd_alloc_bad_arguments_name_themselves_and_their_range(tmp_path, capsys, args,
                                                                  message):

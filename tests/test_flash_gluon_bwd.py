@@ -25,7 +25,7 @@ import torch
 from flashcheck.kernels import _common
 from flashcheck.kernels import flash_attention as fa
 from flashcheck.kernels import flash_attention_gluon_bwd as gb
-from flashcheck.kernels._common import INTERPRET
+from flashcheck.kernels._common import INTERPRET, Problem
 from script_modules import compile_for_sm90, load
 from test_flash_gluon import _problem
 
@@ -138,6 +138,7 @@ def test_backward_hands_an_eligible_call_the_preprocessed_delta(monkeypatch):
 _COMPILE = r"""
 from flashcheck.kernels import _common
 from flashcheck.kernels import flash_attention_gluon_bwd as gb
+from flashcheck.kernels._common import Problem
 from flashcheck.kernels._common import Problem
 if not gb.AVAILABLE:
     print(json.dumps("no-bulk")); sys.exit(0)
@@ -266,6 +267,48 @@ def test_gluon_backward_gives_the_triton_backward_gradients(mode, shape, kw, det
         assert float((a.float() - b.float()).abs().max()) <= 4 * eps * float(
             b.float().abs().max())
     assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True))
+
+
+@pytest.mark.skipif(not gb.AVAILABLE, reason="needs Gluon's bulk reduce-add (to import)")
+def test_the_turn_counters_lie_turn_stride_apart(monkeypatch):
+    """The ordered forms' launcher: one zeroed counter per (query tile, head-dim half),
+    TURN_STRIDE int32 apart, the programs' ticket counter after them; TURN_STRIDE is read per
+    call and handed to the kernel (32: a 128-byte line each)."""
+    seen = {}
+
+    class Kernel:  # stands in for _bwd_kernel[grid](...)
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.update(args=args, kw=kw)
+
+    monkeypatch.setattr(gb, "_bwd_kernel", Kernel())
+    q = torch.zeros(1, 2, 1024, 128, dtype=torch.bfloat16)
+    r = torch.zeros(1, 2, 1024)
+    p = Problem(B=1, Hq=2, Hkv=2, Nq=1024, Nk=1024, D=128, scale=0.1, has_lo=False,
+                has_hi=True, lo_off=0, hi_off=0, is_causal=True, mask=None, mask_kind=0)
+    for stride in (1, 32):
+        monkeypatch.setattr(gb, "TURN_STRIDE", stride)
+        gb.backward(q, q, q, q, r, r, p, True)
+        sem, ticket = seen["args"][9], seen["args"][10]
+        turns = 1 * 2 * (1024 // gb.BLOCK_M) * 2 * stride
+        assert sem.dtype == torch.int32 and sem.numel() == turns + 1 and not sem.any()
+        assert ticket.numel() == 1 and ticket.data_ptr() == sem.data_ptr() + 4 * turns
+        assert seen["kw"]["TURN_STRIDE"] == stride and seen["kw"]["ORDERED"] is True
+
+
+@needs_gluon_bwd
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["split", "writer"])
+def test_the_turn_stride_leaves_the_ordered_gradients_bitwise(mode, monkeypatch):
+    """A counter per 128-byte line (TURN_STRIDE 32) changes where the turns are polled, not
+    the order of the adds: the same bits as the packed counters, causal and not."""
+    q, k, v, do = _qkv(2, 4, 4, 1024, 128, torch.bfloat16)
+    with _common.gluon_bwd(mode):
+        for causal in (False, True):
+            packed = _grads(q, k, v, do, True, is_causal=causal)
+            monkeypatch.setattr(gb, "TURN_STRIDE", 32)
+            spread = _grads(q, k, v, do, True, is_causal=causal)
+            monkeypatch.setattr(gb, "TURN_STRIDE", 1)
+            assert all(torch.equal(a, b) for a, b in zip(packed, spread, strict=True))
 
 
 @needs_gluon_bwd

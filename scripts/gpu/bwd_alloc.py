@@ -3,7 +3,7 @@ the causal ordered Gluon backward at 6.2 ms in one process and 7.3 in another, o
 GPU at the same clocks, cuDNN unchanged).
 
     python3 scripts/gpu/bwd_alloc.py --out FILE.json [--allocs N] [--seed S] [--empty-cache]
-                                     [--small-pad]
+                                     [--small-pad] [--turn-stride 1|32]
 
 In one process, for each of ``--allocs`` placements (a pad tensor of random size, kept alive,
 moves the next allocations), fresh q, k, v, dO (bf16, B = H = 16, N = 4096, D = 128) and the
@@ -14,10 +14,12 @@ placement show as pairs that agree with each other and disagree across placement
 that do not repeat within a placement point elsewhere (the schedule, the process). The
 tensors' addresses are recorded with each row. ``--empty-cache``: the caching allocator
 emptied before each placement and between the timed implementations, as ``kernels.bench``
-empties it after every row (each row then on freshly mapped memory). ``--small-pad``: also
-a pad below 1 MiB, which moves what the allocator's small pool hands out next: among it the
+empties it after every row (each row then on freshly mapped memory). ``--small-pad``: also a
+pad below 1 MiB, which moves what the allocator's small pool hands out next: among it the
 deterministic backward's turn counters (one int32 per query tile and head-dim half, 128 KiB
 at this shape, polled by every program's writer warp), which the large pads never move.
+``--turn-stride 32``: the counters a 128-byte line apart
+(``flash_attention_gluon_bwd.TURN_STRIDE``), so that no two share a line.
 """
 
 from __future__ import annotations
@@ -77,6 +79,12 @@ def placement(i: int, rng: random.Random, pads: list, empty_cache: bool = False,
     return row
 
 
+def _stride(text: str) -> int:
+    if text not in ("1", "32"):
+        raise argparse.ArgumentTypeError(f"must be 1 or 32, got {text!r}")
+    return int(text)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="the JSON written")
@@ -86,14 +94,18 @@ def main(argv=None) -> int:
                     help="empty the caching allocator between timings, as kernels.bench does")
     ap.add_argument("--small-pad", action="store_true",
                     help="also a pad below 1 MiB per placement (moves the small pool's blocks)")
+    ap.add_argument("--turn-stride", type=_stride, default=1,
+                    help="the ordered backward's turn counters this many int32 apart (1 or 32)")
     args = ap.parse_args(argv)
     import torch
     if not torch.cuda.is_available():
         print("bwd_alloc: needs a CUDA GPU", file=sys.stderr)
         return 2
     from flashcheck.kernels import bench
+    from flashcheck.kernels import flash_attention_gluon_bwd as gb
+    gb.TURN_STRIDE = args.turn_stride
     res = dict(bench.run_meta(), shape=SHAPE, empty_cache=args.empty_cache,
-               small_pad=args.small_pad, rows=[])
+               small_pad=args.small_pad, turn_stride=args.turn_stride, rows=[])
     rng, pads = random.Random(args.seed), []
     for i in range(args.allocs):
         row = placement(i, rng, pads, args.empty_cache, args.small_pad)

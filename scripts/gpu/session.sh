@@ -122,7 +122,10 @@
 #                                         .triton), three processes: as in round 22 (the
 #                                         inputs moved), --small-pad (the turn counters moved
 #                                         too), --empty-cache (the bench's allocator emptying):
-#                                         which one brings the causal ordered backward's 7.3 ms
+#                                         which one brings the causal ordered backward's 7.3 ms;
+#                                         then the GPU test of TURN_STRIDE 32 (a counter per
+#                                         128-byte line) and, if it passes, --small-pad and the
+#                                         quick bench (3 rounds) with it
 #   bash scripts/gpu/session.sh bwdrace   racecheck's hazards in the Gluon kernels under triton
 #                                         3.9 (carry .triton), each with its threads and
 #                                         addresses (--racecheck-report hazard), and the SASS
@@ -290,6 +293,16 @@ if has stateb; then
       --out "$R/stateb-$way.json" > "$R/stateb-$way.log" 2>&1
     el "stateb $way exit=$?"
   done
+  timeout -s TERM 300 python3 -m pytest -q -p no:cacheprovider -m gpu \
+    tests/test_flash_gluon_bwd.py -k turn_stride > "$R/stateb-stride-pytest.log" 2>&1
+  STRIDE_PYTEST=$?; el "stateb stride pytest exit=$STRIDE_PYTEST"
+  if [ $STRIDE_PYTEST = 0 ]; then
+    timeout -s TERM 240 python3 scripts/gpu/bwd_alloc.py --allocs 12 --seed 1 --small-pad \
+      --turn-stride 32 --out "$R/stateb-stride32.json" > "$R/stateb-stride32.log" 2>&1
+    el "stateb stride32 exit=$?"
+    FLASHCHECK_GLUON_BWD_TURN_STRIDE=32 quick_bench stateb-bench-stride32
+    el "stateb bench stride32 exit=$?"
+  fi
 fi
 if has d64gap; then
   el d64gap
