@@ -395,6 +395,25 @@ def test_effective_samples_count_a_row_carried_along_one_vector_once():
     assert effective_samples(u * w, math.inf) < 10 < N_EFF_MIN
 
 
+def test_effective_samples_count_identical_error_rows_once():
+    """Rows with identical errors (a query row repeated with the same allowed keys) are one
+    sample, also when their values along d are not all equal, so that n_values cannot merge
+    them: 128 rows of which 36 repeat one row count as the 92 they are (the exp2_approx
+    control's false alarm counted 129, just above N_EFF_MIN)."""
+    g = torch.Generator().manual_seed(2)
+    # one rounding per row of similar size (no heavy tail to discount), along one direction
+    u = (1 + 0.1 * torch.rand(1, 2, 64, 1, generator=g, dtype=torch.float64)) * torch.sign(
+        torch.randn(1, 2, 64, 1, generator=g, dtype=torch.float64))
+    w = 1 + 1e-3 * torch.randn(58, generator=g, dtype=torch.float64)
+    assert effective_samples(u * w, math.inf) >= N_EFF_MIN  # 128 distinct rows
+    u[0, :, 34:52] = u[0, :, 34:35]  # rows 34-51 of each head one row repeated
+    distinct = 2 * (64 - 17)
+    n = effective_samples(u * w, math.inf)
+    assert distinct <= n < 1.05 * distinct < N_EFF_MIN
+    assert effective_samples(torch.unique((u * w).reshape(-1, 58), dim=0)[None, None],
+                             math.inf) == pytest.approx(n)
+
+
 def test_source_count_merges_identical_rows_and_caps_by_head_dim():
     s = torch.randn(1, 2, 6, 10, dtype=torch.float64)
     s[0, 0] = s[0, 0, :1]  # head 0: six identical query rows

@@ -858,7 +858,8 @@ def _tail_discounted(e2: torch.Tensor) -> float:
 
 
 def _row_directions(err: torch.Tensor) -> float:
-    """Independent errors behind a (B, H, N, D) error tensor counted by its rows: the rows'
+    """Independent errors behind a (B, H, N, D) error tensor counted by its distinct rows
+    (identical rows are one sample): the rows'
     energies (sum over d of e^2) as tail-discounted samples, times the directions they take:
     the participation ratio (sum lambda)^2 / sum lambda^2 of the eigenvalues of the D x D
     Gram matrix E^T E, corrected for the row count, so that independent Gaussian errors
@@ -873,6 +874,13 @@ def _row_directions(err: torch.Tensor) -> float:
     that counted 146 samples)."""
     x = err.detach().to(torch.float64).reshape(-1, err.shape[-1])
     x = torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+    # Identical error rows are one sample, as identical values are in n_values: rows whose
+    # inputs are the same (a query row repeated with the same allowed keys: constant_rows
+    # under a window) round the same way. Counting them apart put 128 rows where 92 were
+    # distinct (the exp2_approx control, fp16 constant_rows window=(51,17): out's errors
+    # not exactly constant along d under AVX2 kernels, so n_values did not merge them, and
+    # the RMSE rule applied at 129 samples against N_EFF_MIN = 128).
+    x = torch.unique(x, dim=0)
     r = (x * x).sum(-1)
     n_rows = _tail_discounted(r[r > 0])
     g = x.transpose(0, 1) @ x
