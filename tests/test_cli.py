@@ -492,7 +492,7 @@ def test_oracle_device_reaches_workers_and_replay_commands(monkeypatch, tmp_path
     """--oracle-device goes to every worker through the environment (read by check_case),
     to each fuzz worker's command line, and into the replay command of a failure."""
     from flashcheck.verify.check import ORACLE_ENV
-    from flashcheck.verify.report import replay_command
+    from flashcheck.verify.report import CPU_ARITHMETIC_ENV, replay_command
     from flashcheck.verify.scale import worker_argv
 
     assert cli.ORACLE_ENV == ORACLE_ENV
@@ -502,9 +502,17 @@ def test_oracle_device_reaches_workers_and_replay_commands(monkeypatch, tmp_path
     assert args.oracle_device == "device"
     argv = worker_argv(args, 1, tmp_path, "db", 10)
     assert argv[argv.index("--oracle-device") + 1] == "device"
-    assert "--oracle-device" not in replay_command("c.json", "triton", "cuda")
+    for k in CPU_ARITHMETIC_ENV:
+        monkeypatch.delenv(k, raising=False)
+    assert replay_command("c.json", "triton", "cuda") == (
+        "flashcheck repro c.json --kernel triton --device cuda")
     monkeypatch.setenv(ORACLE_ENV, "device")
     assert replay_command("c.json", "triton", "cuda").endswith("--oracle-device device")
+    # the CPU arithmetic's pins go in front: without them the case rounds otherwise
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert replay_command("c.json", "triton", "cpu").startswith(
+        "env ATEN_CPU_CAPABILITY=avx2 OMP_NUM_THREADS=1 flashcheck repro c.json ")
     # main() puts the choice into the environment before any worker starts
     monkeypatch.delenv(ORACLE_ENV)
     assert cli.main(["repro", str(tmp_path / "missing.json"), "--oracle-device", "device"]) == 2

@@ -173,11 +173,23 @@ def config_label(key: Mapping[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in key.items())
 
 
+# What pins the CPU's arithmetic (the ISA ATen's and oneDNN's kernels take, MKL's code path,
+# the threads a reduction is split over): the oracles, the family and CPU kernels round
+# differently without them, so a case judged under pins replays bit for bit only under the
+# same ones (a controls campaign's case under `tox -e controls`' AVX2 pins failed at 1.002x
+# its rule with them and passed without: the effective sample count moved across 128).
+CPU_ARITHMETIC_ENV = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "OMP_NUM_THREADS")
+
+
 def replay_command(case_file: str, kernel: str, device: str) -> str:
+    """The command that replays ``case_file``: ``flashcheck repro`` with the kernel, the
+    device, the oracle's device where it was moved, and, in front, the CPU arithmetic pins
+    (:data:`CPU_ARITHMETIC_ENV`) this process runs under."""
     extra = (["--oracle-device", "device"]  # judged where the kernel ran (--oracle-device)
              if os.environ.get(ORACLE_ENV) == "device" else [])
-    return shlex.join(["flashcheck", "repro", str(case_file), "--kernel", kernel,
-                       "--device", device, *extra])
+    pins = [f"{k}={os.environ[k]}" for k in CPU_ARITHMETIC_ENV if os.environ.get(k)]
+    return shlex.join([*(["env", *pins] if pins else []), "flashcheck", "repro",
+                       str(case_file), "--kernel", kernel, "--device", device, *extra])
 
 
 def _case_n(case: Mapping[str, Any]) -> int | None:
