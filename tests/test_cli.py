@@ -492,7 +492,7 @@ def test_oracle_device_reaches_workers_and_replay_commands(monkeypatch, tmp_path
     """--oracle-device goes to every worker through the environment (read by check_case),
     to each fuzz worker's command line, and into the replay command of a failure."""
     from flashcheck.verify.check import ORACLE_ENV
-    from flashcheck.verify.report import CPU_ARITHMETIC_ENV, replay_command
+    from flashcheck.verify.report import REPLAY_ENV, replay_command
     from flashcheck.verify.scale import worker_argv
 
     assert cli.ORACLE_ENV == ORACLE_ENV
@@ -502,7 +502,7 @@ def test_oracle_device_reaches_workers_and_replay_commands(monkeypatch, tmp_path
     assert args.oracle_device == "device"
     argv = worker_argv(args, 1, tmp_path, "db", 10)
     assert argv[argv.index("--oracle-device") + 1] == "device"
-    for k in CPU_ARITHMETIC_ENV:
+    for k in REPLAY_ENV:
         monkeypatch.delenv(k, raising=False)
     assert replay_command("c.json", "triton", "cuda") == (
         "flashcheck repro c.json --kernel triton --device cuda")

@@ -178,16 +178,17 @@ def config_label(key: Mapping[str, Any]) -> str:
 # differently without them, so a case judged under pins replays bit for bit only under the
 # same ones (a controls campaign's case under `tox -e controls`' AVX2 pins failed at 1.002x
 # its rule with them and passed without: the effective sample count moved across 128).
-CPU_ARITHMETIC_ENV = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "OMP_NUM_THREADS")
+# OpenBLAS's core type is pinned by the harness itself (supervise.CPU_ARITHMETIC_ENV).
+REPLAY_ENV = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "OMP_NUM_THREADS")
 
 
 def replay_command(case_file: str, kernel: str, device: str) -> str:
     """The command that replays ``case_file``: ``flashcheck repro`` with the kernel, the
     device, the oracle's device where it was moved, and, in front, the CPU arithmetic pins
-    (:data:`CPU_ARITHMETIC_ENV`) this process runs under."""
+    (:data:`REPLAY_ENV`) this process runs under."""
     extra = (["--oracle-device", "device"]  # judged where the kernel ran (--oracle-device)
              if os.environ.get(ORACLE_ENV) == "device" else [])
-    pins = [f"{k}={os.environ[k]}" for k in CPU_ARITHMETIC_ENV if os.environ.get(k)]
+    pins = [f"{k}={os.environ[k]}" for k in REPLAY_ENV if os.environ.get(k)]
     return shlex.join([*(["env", *pins] if pins else []), "flashcheck", "repro",
                        str(case_file), "--kernel", kernel, "--device", device, *extra])
 
