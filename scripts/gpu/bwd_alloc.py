@@ -80,8 +80,10 @@ def placement(i: int, rng: random.Random, pads: list, empty_cache: bool = False,
 
 
 def _stride(text: str) -> int:
-    if text not in ("1", "32"):
-        raise argparse.ArgumentTypeError(f"must be 1 or 32, got {text!r}")
+    """A turn stride the backward accepts (flash_attention_gluon_bwd.TURN_STRIDES)."""
+    from flashcheck.kernels.flash_attention_gluon_bwd import TURN_STRIDES
+    if text not in TURN_STRIDES:
+        raise argparse.ArgumentTypeError(f"must be {' or '.join(TURN_STRIDES)}, got {text!r}")
     return int(text)
 
 
@@ -95,7 +97,8 @@ def main(argv=None) -> int:
     ap.add_argument("--small-pad", action="store_true",
                     help="also a pad below 1 MiB per placement (moves the small pool's blocks)")
     ap.add_argument("--turn-stride", type=_stride, default=1,
-                    help="the ordered backward's turn counters this many int32 apart (1 or 32)")
+                    help="the ordered backward's turn counters this many int32 apart "
+                         "(TURN_STRIDES: 1 or 32)")
     args = ap.parse_args(argv)
     import torch
     if not torch.cuda.is_available():
