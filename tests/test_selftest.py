@@ -54,6 +54,12 @@ def test_no_control_false_alarm(tmp_path, device):
     assert {r["name"] for r in data["controls"]} == {c.name for c in CONTROLS}
     assert not alarms, f"false alarms: {alarms}"
     assert all(r["result"]["examples"] == CI_CONTROL_EXAMPLES for r in data["controls"])
+    # each control's margin: its highest cases judged again against the whole family, whose
+    # tolerance is at least the baseline member's (so never a larger ratio)
+    for r in data["controls"]:
+        res = r["result"]
+        assert res["family_cases"] >= 1, r["name"]
+        assert res["family_ratio"] <= res["worst_ratio"] * (1 + 1e-6), r["name"]
     assert rc == 0
 
 
@@ -236,3 +242,20 @@ def test_a_false_alarm_leaves_its_case_replayable_in_the_log(tmp_path, monkeypat
     saved = tmp_path / "from_log.json"
     saved.write_text(tail[3].split("case JSON: ", 1)[1])
     assert load_case_file(saved)[0] == case
+
+
+def test_a_control_is_judged_again_against_the_whole_family(tmp_path):
+    """`q_prescaled`'s worst case against the baseline member comes near 1 only because
+    the control rounds Q * scale as its family member does: against the whole family, the
+    member named, its margin is larger (family_ratio below worst_ratio)."""
+    from flashcheck.verify.supervise import Supervisor
+
+    spec = next(c.spec for c in CONTROLS if c.name == "q_prescaled")
+    res = selftest.run_campaign(spec, "cpu", seed=2363, out=tmp_path, examples=60, rejudge=4)
+    assert res.first_fail_s is None and res.family_cases == 4
+    assert res.family_ratio < res.worst_ratio
+    assert "fa2_128" in res.worst and "q_prescaled" in res.family_where
+    line = selftest._control_line(selftest.ControlRow("q_prescaled", "x", True, res))
+    assert f"family: {selftest._fmt_ratio(res.family_ratio)} over its 4 highest" in line
+    with pytest.raises(ValueError, match="family must be 'lazy' or 'full'"):
+        Supervisor(spec, "cpu", family="all")

@@ -238,7 +238,7 @@ def visible_gpus(device: str) -> list[str] | None:
 
 def _worker_main(conn, spec: str, device: str, threads: int | None, dump_path: str,
                  parent_pid: int, strict_subnormals: bool = False,
-                 gpu: str | None = None) -> None:
+                 gpu: str | None = None, family: str = "lazy") -> None:
     if gpu is not None:
         # One GPU per worker, set before the first CUDA call of the process (the forkserver
         # imported torch but never initialised CUDA): the kernel sees it as cuda:0.
@@ -314,7 +314,7 @@ def _worker_main(conn, spec: str, device: str, threads: int | None, dump_path: s
             if hint is not None and type(hint) is Case:
                 pending = (hint, drawing.submit(hint.draw))
             verdict = check_case(kernel, case, device, drawn=drawn,
-                                 strict_subnormals=strict_subnormals)
+                                 strict_subnormals=strict_subnormals, family=family)
             poisoned = False
             if verdict.failure == "raised" and _is_cuda_error(verdict.reason):
                 verdict.failure, poisoned = "cuda_error", True
@@ -441,14 +441,17 @@ class Supervisor:
     ``case_timeout``: seconds per case, or None for the default derived from observed case
     times (:meth:`timeout`). ``failures_dir``: where crash/timeout failures are written at
     once (and ``<failures_dir>/../inflight`` holds the write-ahead files); None: neither.
-    ``threads``: torch threads per worker (None: leave the default).
+    ``threads``: torch threads per worker (None: leave the default). ``family``: check_case's
+    in every worker ("lazy" or "full").
     """
 
     def __init__(self, kernel_spec: str, device: str, *, case_timeout: float | None = None,
                  failures_dir: str | Path | None = None, threads: int | None = None,
-                 strict_subnormals: bool = False) -> None:
+                 strict_subnormals: bool = False, family: str = "lazy") -> None:
         if case_timeout is not None and not case_timeout > 0:
             raise ValueError(f"--case-timeout must be a number > 0, got {case_timeout}")
+        if family not in ("lazy", "full"):
+            raise ValueError(f"family must be 'lazy' or 'full', got {family!r}")
         self.spec = kernel_spec
         self.device = device
         self.case_timeout = case_timeout
@@ -457,6 +460,7 @@ class Supervisor:
             "inflight"
         self.threads = threads
         self.strict_subnormals = strict_subnormals  # check_case's, in every worker
+        self.family = family
         self._tmp = tempfile.mkdtemp(prefix="flashcheck-workers-")
         self._n = 0
         self._slots: list[_Worker | None] = []
@@ -478,7 +482,7 @@ class Supervisor:
         gpu = self.gpus[(self._n - 1) % len(self.gpus)] if self.gpus else None
         proc = ctx.Process(target=_worker_main, name=f"flashcheck-worker-{self._n}",
                            args=(child, self.spec, self.device, self.threads, dump,
-                                 os.getpid(), self.strict_subnormals, gpu))
+                                 os.getpid(), self.strict_subnormals, gpu, self.family))
         proc.start()
         child.close()
         self.started += 1
