@@ -2,7 +2,8 @@
 # Device sessions on a CUDA machine (one call each, <= 10 minutes). Results land in
 # $OUT/gpu.tgz. Logs are written as the work goes, so a call cut short still returns them.
 #   bash scripts/gpu/session.sh bench     the benchmark matrix alone on the GPU (compiled in
-#                                         parallel first, --prewarm)
+#                                         parallel first, --prewarm; BENCH_TRITON39=1: under
+#                                         triton 3.9, carry .triton)
 #   bash scripts/gpu/session.sh verify    per-kernel reports of the GPU sweep (--jobs), with
 #                                         the harness throughput measured on a warm cache
 #   bash scripts/gpu/session.sh ncu       ncu on one forward+backward of ours and of cuDNN
@@ -187,6 +188,9 @@ rep() { local k=$1 j=$2 t=$3; timeout -s TERM "$t" python3 -m flashcheck run --k
 
 if has bench; then
   el bench
+  if [ "${BENCH_TRITON39:-0}" = 1 ]; then  # the Gluon backward, the defaults as shipped
+    use_triton39 bench39
+  fi
   timeout -s TERM "${BENCH_S:-560}" python3 -m flashcheck.kernels.bench --prewarm "${PREWARM:-14}" \
     --prewarm-timeout-s "${PREWARM_S:-200}" --budget-s "${BUDGET_S:-330}" --out "$R/bench" \
     ${BENCH_ARGS:-} > "$R/bench.log" 2>&1
