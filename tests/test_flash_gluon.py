@@ -109,6 +109,21 @@ def test_the_forward_domain_campaign_entry_draws_the_head_dims_its_mode_takes(mo
 
 
 @pytest.mark.skipif(not fg.AVAILABLE, reason="this Triton's Gluon has no warp_specialize")
+def test_the_timing_script_names_each_grid_by_the_kernel_it_runs(monkeypatch):
+    """scripts/gpu/gluon_fwd.py's "2wg 64x128 stages=2" is the per-tile grid and "2wg
+    persistent" the persistent one, at every shape: under the default mode "auto" both
+    names once ran the persistent grid at 4096 keys (one kernel timed twice)."""
+    script = load("scripts/gpu/gluon_fwd.py", "gluon_fwd_grids")
+    grids = []
+    monkeypatch.setattr(fg, "forward", lambda q, k, v, p: grids.append(
+        _common.gluon_grid(p.D, p.Nk)))
+    q = torch.empty(1, 1, 4096, 128, dtype=torch.bfloat16)
+    for name in ("2wg 64x128 stages=2", "2wg persistent"):
+        script.forward(q, q, q, False, **script.VARIANTS[name])
+    assert grids == ["tile", "persistent"]
+
+
+@pytest.mark.skipif(not fg.AVAILABLE, reason="this Triton's Gluon has no warp_specialize")
 def test_fits_is_the_calls_side_without_a_device_query():
     """``fits`` (what the sm_90a compile report installs as ``eligible``) takes the domain on
     CPU tensors, follows the switch, and refuses misaligned or non-contiguous inputs;

@@ -198,7 +198,9 @@ def _package_forward(q, k, v, causal, persistent=False):
     B, H, N, D = q.shape
     p = Problem(B=B, Hq=H, Hkv=H, Nq=N, Nk=N, D=D, scale=D ** -0.5, has_lo=False,
                 has_hi=causal, lo_off=0, hi_off=0, is_causal=causal, mask=None, mask_kind=0)
-    with _common.gluon("persistent" if persistent else "auto"):
+    # "tile", not the default "auto": auto takes the persistent grid itself up to
+    # _common.GLUON_PERSISTENT_MAX_KEYS, which would time one kernel under both names
+    with _common.gluon("persistent" if persistent else "tile"):
         return fg.forward(q, k, v, p)
 
 
