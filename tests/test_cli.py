@@ -142,6 +142,30 @@ def test_repro_exit_status(attr, case, rc, tmp_path, kfile, capsys):
     assert ("NO" in out) == (rc == 1)
 
 
+def test_repro_family_full_names_the_member_behind_each_tolerance(tmp_path, kfile, capsys):
+    """`repro --family full` judges a passing case against every member: the table's
+    member column then names which implementation choice sets each tensor's tolerance,
+    where the default (lazy) judges a pass against the baseline member alone."""
+    import re
+
+    path = tmp_path / "case.json"
+    save_case_file(path, Case(B=1, Hq=4, Hkv=2, Nq=40, Nk=40, D=16, dtype="float16",
+                              seed=5), kernel=f"{kfile}:good", device="cpu")
+
+    def members(argv) -> set[str]:
+        assert cli.main(["repro", str(path), "--device", "cpu", *argv]) == 0
+        rows = [ln for ln in capsys.readouterr().out.splitlines()
+                if re.match(r"\| (out|dq|dk|dv) ", ln)]
+        assert len(rows) == 4
+        return {m for ln in rows for m in re.findall(r"\((\w+)\) +\|", ln)}
+
+    assert members([]) == {"fa2_128"}
+    full = members(["--family", "full"])
+    assert full and full != {"fa2_128"}
+    assert cli.main(["repro", str(path), "--device", "cpu", "--family", "all"]) == 2
+    assert "--family: invalid choice: 'all'" in capsys.readouterr().err
+
+
 def test_repro_not_run_is_bisect_skip(tmp_path, capsys):
     # A kernel that rejects fp16 with a clear exception: the case is outside its domain.
     src = tmp_path / "f32only.py"

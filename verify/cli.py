@@ -200,7 +200,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
         raise UsageError(f"--api {args.api}: the case is of the {target.case.api} API")
     return replay(None, target, device=device, kernel_spec=spec,
                   case_timeout=args.case_timeout, repeat=args.repeat,
-                  strict_subnormals=args.strict_subnormals)
+                  strict_subnormals=args.strict_subnormals, family=args.family)
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
@@ -371,6 +371,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "(default 1; for a case file recorded as 'flaky' or "
                          "'nondeterministic' at least 8, on until one fails or a kernel "
                          "failing at the recorded rate would have, at most 200)")
+    sp.add_argument("--family", choices=("lazy", "full"), default="lazy",
+                    help="lazy (default): judge against the baseline member, the whole "
+                         "family only where that fails; full: against every member, so a "
+                         "passing case's table names the member that sets each tensor's "
+                         "tolerance and its margin")
     case_timeout(sp)
     sp.set_defaults(func=cmd_repro)
 

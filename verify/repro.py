@@ -123,14 +123,15 @@ def load_target(*, case_path: str | None, tensors_path: str | None, is_causal: b
 
 def replay(kernel: Any, target: Target, *, device: str, kernel_spec: str,
            case_timeout: float | None = None, repeat: int | None = None,
-           strict_subnormals: bool = False) -> int:
+           strict_subnormals: bool = False, family: str = "lazy") -> int:
     """Check the case in a supervised worker process (verify/supervise.py; ``kernel`` is not
     used, the worker resolves ``kernel_spec``), ``repeat`` times in that worker. Without
     ``repeat``: once, or for a case file recorded as ``flaky`` or ``nondeterministic``
     FLAKY_REPEATS times and then on while none has failed, up to
     :func:`flaky_replays` of the recorded rate. Prints the per-tensor table of the first
     failing run (else the first run); returns the exit status: 1 when any run fails (a crash
-    or a timeout included), 125 when the case is outside the kernel's domain."""
+    or a timeout included), 125 when the case is outside the kernel's domain. ``family``:
+    check_case's ("full": every member judges a passing case too)."""
     from flashcheck.verify import report as R
     from flashcheck.verify.supervise import Supervisor
     from flashcheck.verify.sweep import verdict_record
@@ -146,7 +147,7 @@ def replay(kernel: Any, target: Target, *, device: str, kernel_spec: str,
         least = most = 1
     verdicts = []
     with Supervisor(kernel_spec, device, case_timeout=case_timeout,
-                    strict_subnormals=strict_subnormals) as sup:
+                    strict_subnormals=strict_subnormals, family=family) as sup:
         sup.start()
         while len(verdicts) < most:
             if len(verdicts) >= least and any(v.status == "fail" for v in verdicts):
