@@ -479,6 +479,18 @@ def error_model(
     # (random signs), so the quadrature over the D steps is u_acc sqrt(D) ||x o y||_2.
     canc = p * U_ACC * d**0.5 * (torch.sqrt((do * do) @ (v * v).transpose(-1, -2))
                                  + torch.sqrt((do * do * o * o).sum(-1, keepdim=True)))
+    # Equal terms in those dot products (a constant dO_i row against a constant V_j or O_i
+    # row) round coherently, as equal addends do in out's sum over keys (floor_out): up to
+    # (m + 1) u_acc |sum| / 2 for m copies, where the quadrature above allows u_acc |sum|;
+    # and kernels differ in that order (a BLAS's layouts and lanes). fp32 constant_rows,
+    # dO = 1, D 80, one key: the daz_bf16_gemms control (its products on copies of the
+    # operands, another MKL path) had dk 3.9x the members' (seed 170039150).
+    ones_d = torch.ones_like(do[..., :1, :]).transpose(-1, -2)  # (..., D, 1)
+    full_d = torch.ones_like(do, dtype=torch.bool)
+    m_dp, c_dp = _equal_run(do, v.transpose(-1, -2), full_d, -1)
+    m_dr, c_dr = _equal_run(do * o, ones_d, full_d, -1)
+    canc = canc + p * (_equal_run_error(m_dp, c_dp, ado @ av.transpose(-1, -2))
+                       + _equal_run_error(m_dr, c_dr, (ado * o.abs()).sum(-1, keepdim=True)))
     dq_sq = (scale**2) * ((ds * ds) @ (ak * ak))
     dq_canc = scale * torch.sqrt((canc * canc) @ (ak * ak))
     dq_ref = scale * (ds @ k)
