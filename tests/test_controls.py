@@ -748,6 +748,24 @@ def test_equal_terms_of_the_head_dim_dots_round_coherently():
     assert v.status == "pass" and v.tensors["dk"].ratio < 0.5, v.summary()
 
 
+def test_a_constant_o_row_flips_as_one():
+    """Controls campaign seed 193673559: the fwd_fast_exp control, fp16, constant rows, two
+    keys a row, D 64, dO = normal(1). Its fast exp moves O_i before the rounding, and a
+    constant row of O (constant V rows under the softmax) rounds the other way in all its
+    elements at once, so D_i moves by |sum_d dO_id| spacings, not by their quadrature: dk
+    at 1.02x the rule with the flips added in quadrature. The floor adds them coherently
+    where O_i is constant."""
+    from pathlib import Path
+
+    from flashcheck.verify.check import check_case
+
+    case, _ = load_case_file(Path(__file__).parent / "data"
+                             / "fwd_fast_exp_control_constant_o_rows.json")
+    ctl = importlib.import_module("flashcheck.verify.controls.fwd_fast_exp").attention
+    v = check_case(ctl, case, "cpu")
+    assert v.status == "pass" and v.tensors["dk"].ratio < 0.85, v.summary()
+
+
 def test_bias_fma_split_control_is_judged_by_the_natural_log_member():
     """The bias_fma_split control contracts the biased score in natural-log units (no
     folded scale, exp): CI's controls campaign drew fp32 D 1 with logits ~1e3 and a bias,

@@ -537,7 +537,16 @@ def error_model(
     # kernel (normalised accumulator) on fp16 normal(30), scale 0.5, was 2.2x the dq floor
     # without it. Elsewhere O is the rounding every kernel makes and shifts nothing (a
     # one-hot row's O is a representable V_j).
-    delta = torch.sqrt(delta * delta + ((do * o_flip) ** 2).sum(-1, keepdim=True))
+    # Equal elements of O_i (a constant row: constant V rows under the softmax) carry the
+    # same pre-rounding error and round the same way together: their flips move D_i by
+    # |sum_d dO_id o_flip_id| (coherent), not in quadrature. fwd_fast_exp control, fp16,
+    # constant rows, two keys a row, D 64, dO = normal(1): dk 1.02x the rule (seed
+    # 193673559) with the flips of a constant O row added in quadrature.
+    flip = torch.sqrt(((do * o_flip) ** 2).sum(-1, keepdim=True))
+    o_const = (o.amax(-1, keepdim=True) - o.amin(-1, keepdim=True)) == 0
+    flip = torch.where(o_const, torch.maximum(flip, (do * o_flip).sum(-1, keepdim=True).abs()),
+                       flip)
+    delta = torch.sqrt(delta * delta + flip * flip)
     # p~'s extra residual (p_shift) scales O_i's share of V_j by one factor, so it moves D_i
     # by sum_j p_shift_ij dP_ij: coherent over d, in quadrature over j.
     delta_p = FLOOR_C * torch.sqrt(((p_shift * dp) ** 2).sum(-1, keepdim=True))
