@@ -729,41 +729,30 @@ def test_controls_pass_their_avx2_cases(case_file, control):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
 
 
-def test_equal_terms_of_the_head_dim_dots_round_coherently():
-    """Controls campaign seed 170039150: fp32, one key, constant rows, dO = 1, D 80: the
-    true dS is 0 and a kernel's dS is the rounding of dP_ij - D_i, two dot products of 80
-    equal terms, which round coherently (up to (m + 1) u |sum| / 2) and differently by the
-    order of the sum. daz_bf16_gemms takes its products on copies of the operands (another
-    MKL path than the transposed views of the members): dk 3.9x the members' error, 1.3x
-    the rule, where the floor counted those roundings in quadrature. The floor's equal-terms
-    part covers it; the members' error is unchanged."""
+@pytest.mark.parametrize("case_file, control, bound", [
+    # Controls campaign seed 170039150: fp32, one key, constant rows, dO = 1, D 80. The true
+    # dS is 0 and a kernel's is the rounding of dP_ij - D_i, two dot products of 80 equal
+    # terms, which round coherently (up to (m + 1) u |sum| / 2) and differently by the order
+    # of the sum. daz_bf16_gemms multiplies copies of its operands (another MKL path than the
+    # members' transposed views): dk 3.9x the members' error, 1.3x the rule while the floor
+    # counted those roundings in quadrature; the floor's equal-terms part covers it.
+    ("daz_bf16_gemms_control_equal_terms.json", "daz_bf16_gemms", 0.5),
+    # Controls campaign seed 193673559: fp16, constant rows, two keys a row, D 64,
+    # dO = normal(1). The fast exp moves O_i before the rounding, and a constant row of O
+    # rounds the other way in all its elements at once, so D_i moves by |sum_d dO_id|
+    # spacings, not by their quadrature: dk 1.02x the rule with the flips in quadrature.
+    ("fwd_fast_exp_control_constant_o_rows.json", "fwd_fast_exp", 0.85),
+])
+def test_coherent_roundings_of_equal_elements_are_in_the_floor(case_file, control, bound):
+    """Equal elements round alike: the floor adds their roundings coherently."""
     from pathlib import Path
 
     from flashcheck.verify.check import check_case
 
-    case, _ = load_case_file(Path(__file__).parent / "data"
-                             / "daz_bf16_gemms_control_equal_terms.json")
-    ctl = importlib.import_module("flashcheck.verify.controls.daz_bf16_gemms").attention
+    case, _ = load_case_file(Path(__file__).parent / "data" / case_file)
+    ctl = importlib.import_module(f"flashcheck.verify.controls.{control}").attention
     v = check_case(ctl, case, "cpu")
-    assert v.status == "pass" and v.tensors["dk"].ratio < 0.5, v.summary()
-
-
-def test_a_constant_o_row_flips_as_one():
-    """Controls campaign seed 193673559: the fwd_fast_exp control, fp16, constant rows, two
-    keys a row, D 64, dO = normal(1). Its fast exp moves O_i before the rounding, and a
-    constant row of O (constant V rows under the softmax) rounds the other way in all its
-    elements at once, so D_i moves by |sum_d dO_id| spacings, not by their quadrature: dk
-    at 1.02x the rule with the flips added in quadrature. The floor adds them coherently
-    where O_i is constant."""
-    from pathlib import Path
-
-    from flashcheck.verify.check import check_case
-
-    case, _ = load_case_file(Path(__file__).parent / "data"
-                             / "fwd_fast_exp_control_constant_o_rows.json")
-    ctl = importlib.import_module("flashcheck.verify.controls.fwd_fast_exp").attention
-    v = check_case(ctl, case, "cpu")
-    assert v.status == "pass" and v.tensors["dk"].ratio < 0.85, v.summary()
+    assert v.status == "pass" and v.tensors["dk"].ratio < bound, v.summary()
 
 
 def test_bias_fma_split_control_is_judged_by_the_natural_log_member():
