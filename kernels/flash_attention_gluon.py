@@ -13,8 +13,9 @@ rows of one batch and head):
   their own so that their barriers span 128 threads and they drift freely) run
   FlashAttention-3's order per key tile j (``_attend``): issue S(j+1) = Q K(j+1)ᵀ, rescale
   O, issue O += P(j) V(j), then wait for S(j+1) and run its softmax while P(j) V(j) still
-  runs; each ends with its own epilogue (lse; O through its Q buffer, free by then, and a
-  TMA store).
+  runs (a store of the row sums to shared memory keeps ptxas from placing the wait for
+  P(j) V(j) ahead of the exponentials: ``_attend``); each ends with its own epilogue
+  (lse; O through its Q buffer, free by then, and a TMA store).
 
 The persistent grid, ``_fwd_persistent_kernel``: one program per multiprocessor over every
 tile (``_tile``: a (batch, head)'s query tiles consecutive, so that the programs running at
@@ -110,7 +111,7 @@ if AVAILABLE:
         shapes."""
         (q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bars, k_ready,
          k_empty, v_ready, v_empty, q_row0, kv_row0, lse_row0, start_m, n_tiles,
-         qk_scale) = args
+         qk_scale, held) = args
         BM: gl.constexpr = q_smem.type.shape[1]
         for c in gl.static_range(2):
             mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
@@ -139,13 +140,22 @@ if AVAILABLE:
 
     @gluon.jit
     def _attend(qs, q_bar, q_phase, q_free, k_smem, v_smem, k_ready, k_empty, v_ready,
-                v_empty, base, my_m, n_tiles, qk_scale, CAUSAL: gl.constexpr,
+                v_empty, held, base, my_m, n_tiles, qk_scale, CAUSAL: gl.constexpr,
                 RELEASE_Q: gl.constexpr):
         """One consumer warpgroup's 64 query rows from ``my_m`` against ``n_tiles`` key
         tiles of the rings, whose first is ring position ``base`` (slot ``base % NS``): the
         unnormalised O, l and m. Under causal, key tiles past its own rows are waited for
         and released, not computed, so that the other warpgroup's arrivals complete each
-        slot's phase. ``RELEASE_Q``: arrive on ``q_free`` once no product reads Q."""
+        slot's phase. ``RELEASE_Q``: arrive on ``q_free`` once no product reads Q.
+
+        ``held`` (64 fp32 of shared memory, written, never read) keeps the softmax under
+        P(j) V(j): the compiler's scheduler (ptxas) otherwise places the wait for that
+        product right after the row maximum, ahead of the exponentials it was meant to
+        overlap (``WARPGROUP.DEPBAR.LE gsb0, 0x0`` before 64 of the loop's 66 ``MUFU.EX2``,
+        all 66 under causal, in the SASS of ptxas 12.8 and 13.4); it does not move that wait
+        above a store to shared memory, and storing l, which sums every exponential of the
+        tile, puts all of them ahead of the wait (``scripts/ptxas_report.py``'s
+        ``exp_wait_order``, tests/test_flash_gluon.py). The bits are unchanged."""
         BM: gl.constexpr = qs.type.shape[0]
         BN: gl.constexpr = k_smem.type.shape[1]
         HD: gl.constexpr = k_smem.type.shape[2]
@@ -192,6 +202,7 @@ if AVAILABLE:
             mbarrier.arrive(k_empty.index(nxt), count=1)
             p, alpha, l_i, m_i = _softmax(s, m_i, l_i, my_m, (j + 1) * BN, qk_scale, BM, BN,
                                           CAUSAL, s_layout)
+            held.store(l_i)  # every exponential before the wait (see the docstring)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(v_empty.index(stage), count=1)
         if RELEASE_Q:  # the last Q Kᵀ product has completed
@@ -232,13 +243,13 @@ if AVAILABLE:
         docstring)."""
         (q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bars, k_ready,
          k_empty, v_ready, v_empty, q_row0, kv_row0, lse_row0, start_m, n_tiles,
-         qk_scale) = args
+         qk_scale, held) = args
         BM: gl.constexpr = q_smem.type.shape[1]
         my_m = start_m + C * BM
         qs = q_smem.index(C)
         acc, l_i, m_i = _attend(qs, q_bars.index(C), 0, q_bars.index(C), k_smem, v_smem,
-                                k_ready, k_empty, v_ready, v_empty, 0, my_m, n_tiles,
-                                qk_scale, CAUSAL, False)
+                                k_ready, k_empty, v_ready, v_empty, held.index(C), 0, my_m,
+                                n_tiles, qk_scale, CAUSAL, False)
         # Q's buffer is free: every product reading it has completed.
         _finish(acc, l_i, m_i, lse_ptr, lse_row0, my_m, qs, o_desc, q_row0)
         tma.store_wait(pendings=0)
@@ -311,7 +322,7 @@ if AVAILABLE:
         running on across tiles."""
         (q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, o_smem, q_bars,
          q_free, k_ready, k_empty, v_ready, v_empty, n_m, total, N_Q, N_K, H_Q, GROUP, H_KV,
-         qk_scale) = args
+         qk_scale, held) = args
         BM: gl.constexpr = q_smem.type.shape[1]
         BN: gl.constexpr = k_smem.type.shape[1]
         base = 0
@@ -337,7 +348,7 @@ if AVAILABLE:
         through a buffer of its own, whose bulk store runs under the next tile."""
         (q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, o_smem, q_bars,
          q_free, k_ready, k_empty, v_ready, v_empty, n_m, total, N_Q, N_K, H_Q, GROUP, H_KV,
-         qk_scale) = args
+         qk_scale, held) = args
         BM: gl.constexpr = q_smem.type.shape[1]
         BN: gl.constexpr = k_smem.type.shape[1]
         base = 0
@@ -347,8 +358,9 @@ if AVAILABLE:
                                                       GROUP, H_KV, 2 * BM, BN, CAUSAL, PAIRED)
             my_m = start_m + C * BM
             acc, l_i, m_i = _attend(q_smem.index(C), q_bars.index(C), n & 1, q_free.index(C),
-                                    k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, base,
-                                    my_m, n_tiles, qk_scale, CAUSAL, True)
+                                    k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+                                    held.index(C), base, my_m, n_tiles, qk_scale, CAUSAL,
+                                    True)
             tma.store_wait(pendings=0)  # the previous tile's O has left the buffer
             _finish(acc, l_i, m_i, lse_ptr, q_row0, my_m, o_smem.index(C), o_desc, q_row0)
             base += n_tiles
@@ -376,7 +388,10 @@ if AVAILABLE:
             mbarrier.init(k_empty.index(i), count=2)
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(v_empty.index(i), count=2)
-        return q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty
+        # each consumer's l, stored every key tile and never read (_attend's ``held``)
+        held = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M],
+                                         gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        return q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, held
 
     @gluon.jit
     def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, N_Q, N_K, H_Q,
@@ -388,12 +403,12 @@ if AVAILABLE:
         start_m = pid_m * (2 * BLOCK_M)
         n_tiles = _key_tiles(start_m, N_K, 2 * BLOCK_M, BLOCK_N, CAUSAL)
 
-        q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty = _buffers(
+        q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, held = _buffers(
             q_desc, k_desc, v_desc, BLOCK_M, BLOCK_N, HEAD_D, STAGES)
 
         args = (q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bars,
                 k_ready, k_empty, v_ready, v_empty, q_row0, kv_row0, q_row0, start_m,
-                n_tiles, qk_scale)
+                n_tiles, qk_scale, held)
         gl.warp_specialize([(_consume, (args, 0, CAUSAL)), (_consume, (args, 1, CAUSAL)),
                             (_loads, (args, ))], [4, 1], [240, 24])
 
@@ -408,7 +423,7 @@ if AVAILABLE:
         dtype: gl.constexpr = q_desc.dtype
         n_m = N_Q // (2 * BLOCK_M)
         total = n_m * BH
-        q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty = _buffers(
+        q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, held = _buffers(
             q_desc, k_desc, v_desc, BLOCK_M, BLOCK_N, HEAD_D, STAGES)
         o_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_D], o_desc.layout)
         q_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -417,7 +432,7 @@ if AVAILABLE:
 
         args = (q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, o_smem,
                 q_bars, q_free, k_ready, k_empty, v_ready, v_empty, n_m, total, N_Q, N_K,
-                H_Q, GROUP, H_KV, qk_scale)
+                H_Q, GROUP, H_KV, qk_scale, held)
         gl.warp_specialize([(_consume_persistent, (args, 0, CAUSAL, PAIRED)),
                             (_consume_persistent, (args, 1, CAUSAL, PAIRED)),
                             (_loads_persistent, (args, CAUSAL, PAIRED))], [4, 1], [240, 24])

@@ -76,6 +76,43 @@ def code_of(ptx: str) -> str:
     return "\n".join(keep)
 
 
+def sass_of(cubin: Path) -> list[tuple[int, str]]:
+    """(address, instruction) of every SASS instruction in ``cubin`` (cuobjdump from Triton's
+    NVIDIA backend, beside its ptxas)."""
+    tool = Path(_ptxas()).with_name("cuobjdump")
+    text = subprocess.run([str(tool), "-sass", str(cubin)], capture_output=True, text=True,
+                          check=True).stdout
+    return [(int(m.group(1), 16), m.group(2).strip().rstrip(" ;"))
+            for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^\n]*?);", text)]
+
+
+def exp_wait_order(cubin: Path) -> list[dict]:
+    """Per innermost loop of ``cubin`` (a backward branch's body holding no other) with two
+    wgmma groups (``HGMMA``) and exponentials (``MUFU.EX2``), where the exponentials land
+    against the loop's
+    last wait for every outstanding wgmma group (``WARPGROUP.DEPBAR.LE gsb0, 0x0``): the
+    forward's steady state overlaps a tile's exponentials with the previous tile's P V only
+    when they come before that wait (kernels/flash_attention_gluon.py, ``_attend``)."""
+    sass = sass_of(cubin)
+    loops = []
+    for addr, ins in sass:
+        m = re.search(r"\bBRA (0x[0-9a-f]+)", ins)
+        if not m or int(m.group(1), 16) >= addr:
+            continue
+        body = [x for a, x in sass if int(m.group(1), 16) <= a <= addr]
+        # (the waits' retry blocks after the last EXIT branch back into the code: no loop)
+        if (sum("HGMMA" in x for x in body) < 16 or not any("MUFU.EX2" in x for x in body)
+                or any(x.split()[-1] == "EXIT" for x in body)):
+            continue
+        waits = [i for i, x in enumerate(body) if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in x]
+        last = waits[-1] if waits else len(body)
+        loops.append(dict(start=int(m.group(1), 16), end=addr, instructions=len(body),
+                          exp_before_wait=sum("MUFU.EX2" in x for x in body[:last]),
+                          exp_after_wait=sum("MUFU.EX2" in x for x in body[last:])))
+    return [x for x in loops if not any(y is not x and x["start"] <= y["start"]
+                                        and y["end"] <= x["end"] for y in loops)]
+
+
 class _Compiler:
     """Stands in for the GPU: an sm_90 driver, and a compile step that records each kernel
     (registers, spills, shared memory, the hash of its PTX without source positions) and

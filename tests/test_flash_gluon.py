@@ -168,7 +168,7 @@ def test_compiles_for_sm90_with_its_partitions_and_overlap(tmp_path):
     budgets (240 for the consumers, 24 for the producer) and the consumer loop's two
     products committed back to back, the scores waited on with the P V product still in
     flight (``wgmma.wait_group 1``); only the persistent kernel strides over the tiles by
-    the grid's size."""
+    the grid's size. In the SASS, the exponentials ahead of the wait for P V."""
     pytest.importorskip("triton.backends.nvidia.compiler")
     if not fg.AVAILABLE:
         pytest.skip("this Triton has no Gluon warp_specialize")
@@ -202,6 +202,19 @@ def test_compiles_for_sm90_with_its_partitions_and_overlap(tmp_path):
         # (where the exponentials land in the text depends on the compiler's block order)
         joined = " ".join(seq)
         assert "commit commit wait 1" in joined and seq.count("ex2") >= 64, joined[-400:]
+    # In the SASS, each consumer's loop runs a tile's 64 exponentials (and the rescale
+    # factor's) before waiting for the previous tile's P V: without _attend's ``held`` store
+    # ptxas put that wait ahead of 64 of the 66 (0 of 66 under causal), so P V overlapped
+    # only the row maximum.
+    rep = load("scripts/ptxas_report.py")
+    cubins = sorted(tmp_path.glob("*.cubin"))
+    assert len(cubins) == 4
+    for cubin in cubins:
+        loops = rep.exp_wait_order(cubin)
+        assert len(loops) == 2, (cubin.name, loops)  # one per consumer warpgroup
+        for loop in loops:
+            assert loop["exp_before_wait"] >= 65 and loop["exp_after_wait"] == 0, (
+                cubin.name, loop)
 
 
 needs_sm90 = pytest.mark.skipif(not SM90 or not fg.AVAILABLE,

@@ -33,6 +33,10 @@
 #                                         file, copied to $R), then the gate twice on them
 #   bash scripts/gpu/session.sh outside   published Triton kernels' campaigns (docs/reports/outside;
 #                                         their packages unpacked under .whl/site, carried)
+#   bash scripts/gpu/session.sh fwdab     the Gluon forward against .ab/OLD's (gluon_fwd_ab.py:
+#                                         bits, then timed beside cuDNN; triton 3.9, carry
+#                                         .triton and .ab); fwdab-checks: its GPU tests and
+#                                         racecheck/synccheck on its shapes
 #   bash scripts/gpu/session.sh detach PHASES  runs `session.sh PHASES` in a new process
 #                                         session, which outlives the device call (campaigns
 #                                         longer than one call), marker gpu_out/campaigns.done
@@ -77,7 +81,9 @@
 #                                         both gluon_bwd_domain.py entries (every case runs the
 #                                         Gluon backward; the triton campaign on 4 workers);
 #                                         KERNEL_FWD_PERSIST=1: with the persistent Gluon
-#                                         forward where fwdpersist's tests passed in the call
+#                                         forward where fwdpersist's tests passed in the call;
+#                                         KERNEL_FWD_DOMAIN=1: also gluon_domain.py's campaign
+#                                         (every case runs the Gluon forward; 3 workers)
 #   bash scripts/gpu/session.sh ab        our kernel from this checkout and from the tree in .ab/OLD
 #                                         (carried; `git archive COMMIT | tar -x -C .ab/OLD` here),
 #                                         timed in alternation (scripts/gpu/ab_time.py; AB_ARGS:
@@ -264,6 +270,30 @@ if has fwdpersist; then
   done
   wait
   el "fwdpersist sanitizers done"
+fi
+if has fwdab; then
+  # a change of the Gluon forward against another tree's (carry .ab; AB_OLD, default
+  # .ab/OLD) under triton 3.9: bits on every problem of gluon_fwd_ab.py, then both timed
+  # beside cuDNN in one process (AB_ROUNDS rounds, default 3); the GPU tests of the
+  # forward and compute-sanitizer (racecheck, synccheck) on its shapes follow with
+  # FWDAB_CHECKS=1 (run by `detach fwdab-checks` beside a campaign)
+  el fwdab
+  use_triton39 fwdab
+  timeout -s TERM 300 python3 scripts/gpu/gluon_fwd_ab.py --old "${AB_OLD:-.ab/OLD}" \
+    --rounds "${AB_ROUNDS:-3}" --out "$R/fwdab.json" > "$R/fwdab.log" 2>&1
+  el "fwdab exit=$?"
+fi
+if has fwdab-checks; then
+  el fwdab-checks
+  use_triton39 fwdab-checks
+  timeout -s TERM 400 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_flash_gluon.py \
+    > "$R/fwdab-pytest.log" 2>&1
+  el "fwdab-checks pytest exit=$?"
+  for tool in racecheck synccheck; do
+    timeout -s TERM 300 compute-sanitizer --tool $tool --print-limit 1000 python3 \
+      scripts/gpu/sanitize_cases.py --ns 128,256 --ds 64,128 > "$R/fwdab-$tool.log" 2>&1
+    el "fwdab-checks $tool exit=$?"
+  done
 fi
 if has accept; then
   # the issue's acceptance run: the quick bench (bf16, D 128, N 4096, causal and not; ours
@@ -605,6 +635,14 @@ if has kernel; then
         --minutes "${KERNEL_MIN:-10}" --keep-going --seed "${FUZZ_SEED:-20261210}" --workers 3 \
         --out "$R/kernel/fuzz-gluon-$entry"
     done
+  fi
+  if [ "${KERNEL_FWD_DOMAIN:-0}" = 1 ]; then
+    # KERNEL_FWD_DOMAIN=1: the Gluon forward's own campaign besides (our entry narrowed to
+    # its domain: every case runs it, in the default grid)
+    KERNEL_WORKERS=3
+    job kernel/fuzz-gluon-fwd $(( ${KERNEL_MIN:-10} * 60 + 150 )) python3 -m flashcheck fuzz \
+      --kernel scripts/gpu/gluon_domain.py:attention --device cuda --minutes "${KERNEL_MIN:-10}" \
+      --keep-going --seed "${FUZZ_SEED:-20261210}" --workers 3 --out "$R/kernel/fuzz-gluon-fwd"
   fi
   job kernel/fuzz $(( ${KERNEL_MIN:-10} * 60 + 150 )) python3 -m flashcheck fuzz --kernel triton \
     --device cuda --minutes "${KERNEL_MIN:-10}" --keep-going --seed "${FUZZ_SEED:-20261210}" \

@@ -1,0 +1,150 @@
+"""The Gluon forward of this tree against another tree's, in one process: bits, then time.
+
+    python3 scripts/gpu/gluon_fwd_ab.py --old .ab/OLD --out FILE.json [--rounds 5]
+
+``--old`` is a checkout of this repository (``git archive COMMIT | tar -x -C .ab/OLD``; the
+device call carries ``.ab``): its ``kernels/flash_attention_gluon.py`` is loaded beside the
+package's own under another module name (both use this tree's ``kernels/_common.py``), so
+that a change of the forward's schedule alone is compared without a process or a machine
+between the two.
+
+1. Bits: for every problem of ``PROBLEMS`` (head dims 64 and 128, fp16 and bf16, causal and
+   not, GQA, unequal lengths; per tile and persistent grids), O and the base-2 lse of both
+   forwards on the same inputs must be equal bit for bit (a schedule change moves no
+   arithmetic); any difference is listed and the exit status is 1.
+2. Time: bf16 and fp16, D 128 and 64, N 4096, B = H = 16, causal and not, in the default
+   grid ("auto"): per round the old forward, the new one and cuDNN's
+   (``scaled_dot_product_attention`` under the cuDNN backend), in an order that alternates
+   between rounds; the median of ``triton.testing.do_bench`` per timing, then per
+   configuration the median over rounds and the ratios old / new and cuDNN / new (above 1:
+   the new one is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+from functools import partial
+from pathlib import Path
+
+import torch
+from flashcheck.kernels import _common
+from flashcheck.kernels import flash_attention_gluon as new
+from flashcheck.kernels._common import Problem
+
+# (B, Hq, Hkv, Nq, Nk, D, causal, grid)
+PROBLEMS = [
+    (2, 4, 4, 1024, 1024, 128, False, "tile"), (2, 4, 4, 1024, 1024, 128, True, "tile"),
+    (2, 4, 2, 1024, 2048, 128, False, "persistent"), (2, 4, 2, 1024, 2048, 128, True, "persistent"),
+    (1, 8, 8, 4096, 4096, 128, False, "persistent"), (1, 8, 8, 4096, 4096, 128, True, "persistent"),
+    (1, 4, 1, 8192, 8192, 128, False, "tile"), (1, 4, 1, 8192, 8192, 128, True, "tile"),
+    (2, 4, 4, 2048, 2048, 64, False, "persistent"), (2, 4, 2, 2048, 2048, 64, True, "persistent"),
+    (1, 2, 2, 8192, 8192, 64, True, "tile"), (3, 2, 2, 256, 128, 128, False, "persistent"),
+]
+TIMED = [(dt, D, causal) for dt in ("bfloat16", "float16") for D in (128, 64)
+         for causal in (False, True)]
+
+
+def _problem(B, Hq, Hkv, Nq, Nk, D, causal) -> Problem:
+    return Problem(B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, D=D, scale=D ** -0.5, has_lo=False,
+                   has_hi=causal, lo_off=0, hi_off=0, is_causal=causal, mask=None,
+                   mask_kind=0)
+
+
+def load_old(tree: Path):
+    path = tree / "kernels" / "flash_attention_gluon.py"
+    if not path.is_file():
+        raise SystemExit(f"--old: no {path}")
+    spec = importlib.util.spec_from_file_location("flash_attention_gluon_old", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def bits(old) -> list[dict]:
+    rows = []
+    for dtype in (torch.bfloat16, torch.float16):
+        for (B, Hq, Hkv, Nq, Nk, D, causal, grid) in PROBLEMS:
+            g = torch.Generator(device="cuda").manual_seed(hash((B, Hq, Nq, Nk, D)) % 2**31)
+            q = torch.randn(B, Hq, Nq, D, device="cuda", dtype=dtype, generator=g)
+            k = torch.randn(B, Hkv, Nk, D, device="cuda", dtype=dtype, generator=g)
+            v = torch.randn(B, Hkv, Nk, D, device="cuda", dtype=dtype, generator=g)
+            p = _problem(B, Hq, Hkv, Nq, Nk, D, causal)
+            with _common.gluon(grid):
+                o1, l1 = old.forward(q, k, v, p)
+                o2, l2 = new.forward(q, k, v, p)
+            torch.cuda.synchronize()
+            same = torch.equal(o1.view(torch.int16), o2.view(torch.int16)) and torch.equal(
+                l1.view(torch.int32), l2.view(torch.int32))
+            rows.append(dict(dtype=str(dtype).split(".")[1], B=B, Hq=Hq, Hkv=Hkv, Nq=Nq,
+                             Nk=Nk, D=D, causal=causal, grid=grid, bitwise_equal=same,
+                             o_max_diff=float((o1.float() - o2.float()).abs().max()),
+                             lse_max_diff=float((l1 - l2).abs().max())))
+            print(("same " if same else "DIFFERENT ") + json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def timings(old, rounds: int) -> list[dict]:
+    import torch.nn.functional as F
+    import triton.testing
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def cudnn(q, k, v, causal):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    out = []
+    for dt, D, causal in TIMED:
+        dtype = getattr(torch, dt)
+        B = H = 16
+        N = 4096
+        q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype) for _ in range(3))
+        p = _problem(B, H, H, N, N, D, causal)
+        fns = {"old": partial(old.forward, q, k, v, p), "new": partial(new.forward, q, k, v, p),
+               "cudnn": partial(cudnn, q, k, v, causal)}
+        times = {name: [] for name in fns}
+        for r in range(rounds):
+            order = list(fns) if r % 2 == 0 else list(reversed(list(fns)))
+            for name in order:
+                times[name].append(triton.testing.do_bench(fns[name], return_mode="median"))
+        med = {name: statistics.median(ts) for name, ts in times.items()}
+        flops = 4 * B * H * N * N * D / (2 if causal else 1)
+        row = dict(dtype=dt, D=D, N=N, B=B, H=H, causal=causal, rounds=times,
+                   median_ms=med, old_over_new=med["old"] / med["new"],
+                   cudnn_over_new=med["cudnn"] / med["new"],
+                   tflops={name: flops / (m * 1e-3) / 1e12 for name, m in med.items()})
+        out.append(row)
+        print(f"{dt} D{D} causal={causal}: old {med['old']:.3f} new {med['new']:.3f} cuDNN "
+              f"{med['cudnn']:.3f} ms; old/new {row['old_over_new']:.3f}, cuDNN/new "
+              f"{row['cudnn_over_new']:.3f}", flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--old", type=Path, required=True, help="the other tree")
+    ap.add_argument("--out", type=Path, required=True, help="JSON report")
+    ap.add_argument("--rounds", type=int, default=5, help="timing rounds (1..50, default 5)")
+    args = ap.parse_args(argv)
+    if not 1 <= args.rounds <= 50:
+        ap.error(f"--rounds must be in 1..50, got {args.rounds}")
+    if not (torch.cuda.is_available() and new.AVAILABLE):
+        raise SystemExit("gluon_fwd_ab: needs an sm_90 GPU and a Triton with Gluon")
+    old = load_old(args.old)
+    import triton
+    rep = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+               triton=triton.__version__, old=str(args.old))
+    rep["bits"] = bits(old)
+    args.out.write_text(json.dumps(rep, indent=1))
+    rep["timings"] = timings(old, args.rounds)
+    args.out.write_text(json.dumps(rep, indent=1))
+    differ = [r for r in rep["bits"] if not r["bitwise_equal"]]
+    print(f"bits: {len(rep['bits']) - len(differ)} of {len(rep['bits'])} equal")
+    return 1 if differ else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
