@@ -123,6 +123,24 @@ def test_the_timing_script_names_each_grid_by_the_kernel_it_runs(monkeypatch):
     assert grids == ["tile", "persistent"]
 
 
+def test_the_ab_scripts_bit_problems_run_the_grids_they_name():
+    """scripts/gpu/gluon_fwd_ab.py's bit check: every problem is one the Gluon forward takes
+    (fp16 and bf16, contiguous), and under the grid it names the forward launches that grid
+    (``forward`` launches the per-tile kernel for any other answer, which would leave a
+    persistent-grid change unchecked); both grids, both head dims, causal or not."""
+    script = load("scripts/gpu/gluon_fwd_ab.py", "gluon_fwd_ab_problems")
+    seen = set()
+    for (B, Hq, Hkv, Nq, Nk, D, causal, grid) in script.PROBLEMS:
+        p = script._problem(B, Hq, Hkv, Nq, Nk, D, causal)
+        with _common.gluon(grid):
+            assert _common.gluon_grid(D, Nk) == grid, (D, Nk, grid)
+            for dtype in (torch.float16, torch.bfloat16):
+                assert fg.supported(p, dtype, True), (B, Hq, Hkv, Nq, Nk, D, causal)
+        seen.add((grid, D, causal))
+    assert {(g, d, c) for g in ("tile", "persistent") for d in (64, 128)
+            for c in (False, True)} - seen <= {("tile", 64, False)}
+
+
 @pytest.mark.skipif(not fg.AVAILABLE, reason="this Triton's Gluon has no warp_specialize")
 def test_fits_is_the_calls_side_without_a_device_query():
     """``fits`` (what the sm_90a compile report installs as ``eligible``) takes the domain on
