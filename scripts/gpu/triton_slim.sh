@@ -3,6 +3,10 @@
 #   bash scripts/gpu/triton_slim.sh pack 3.9.0   here: .triton/triton-3.9.0-slim.tar.xz (~48 MB)
 #   . scripts/gpu/triton_slim.sh use             there (carry .triton): unpacked under /tmp/triton-slim,
 #                                                first on PYTHONPATH, with the settings it needs
+#                                                (add to PYTHONPATH after it, never reset it: an
+#                                                `export PYTHONPATH=$PWD` after `use` runs the
+#                                                device's triton 3.6 again, as a bench of round
+#                                                24 of docs/benchmarks/sweep.md did)
 # The wheel (3.9.0: 285 MB, 1 GB unpacked) is over the 64 MiB a call carries; cut to what an
 # sm_90 launch needs it is 48 MB: libtriton.so without its debug sections (500 -> 192 MB),
 # the NVIDIA backend without CUPTI, nvdisasm, cuobjdump and the Blackwell ptxas, no AMD
