@@ -77,13 +77,15 @@ def code_of(ptx: str) -> str:
 
 
 def sass_of(cubin: Path) -> list[tuple[int, str]]:
-    """(address, instruction) of every SASS instruction in ``cubin`` (cuobjdump from Triton's
-    NVIDIA backend, beside its ptxas)."""
-    tool = Path(_ptxas()).with_name("cuobjdump")
-    text = subprocess.run([str(tool), "-sass", str(cubin)], capture_output=True, text=True,
-                          check=True).stdout
-    return [(int(m.group(1), 16), m.group(2).strip().rstrip(" ;"))
-            for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^\n]*?);", text)]
+    """(address, instruction) of every SASS instruction in ``cubin``: scripts/gpu/race_trace.py's
+    cuobjdump and reader."""
+    spec = importlib.util.spec_from_file_location("race_trace",
+                                                  _ROOT / "scripts/gpu/race_trace.py")
+    rt = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # (its dataclasses)
+    spec.loader.exec_module(rt)
+    text = subprocess.run([rt.cuobjdump(), "-sass", str(cubin)], capture_output=True,
+                          text=True, check=True).stdout
+    return rt.read_sass(text)
 
 
 def exp_wait_order(cubin: Path) -> list[dict]:
@@ -97,16 +99,17 @@ def exp_wait_order(cubin: Path) -> list[dict]:
     loops = []
     for addr, ins in sass:
         m = re.search(r"\bBRA (0x[0-9a-f]+)", ins)
-        if not m or int(m.group(1), 16) >= addr:
+        start = int(m.group(1), 16) if m else addr
+        if start >= addr:
             continue
-        body = [x for a, x in sass if int(m.group(1), 16) <= a <= addr]
+        body = [x for a, x in sass if start <= a <= addr]
         # (the waits' retry blocks after the last EXIT branch back into the code: no loop)
         if (sum("HGMMA" in x for x in body) < 16 or not any("MUFU.EX2" in x for x in body)
                 or any(x.split()[-1] == "EXIT" for x in body)):
             continue
         waits = [i for i, x in enumerate(body) if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in x]
         last = waits[-1] if waits else len(body)
-        loops.append(dict(start=int(m.group(1), 16), end=addr, instructions=len(body),
+        loops.append(dict(start=start, end=addr, instructions=len(body),
                           exp_before_wait=sum("MUFU.EX2" in x for x in body[:last]),
                           exp_after_wait=sum("MUFU.EX2" in x for x in body[last:])))
     return [x for x in loops if not any(y is not x and x["start"] <= y["start"]

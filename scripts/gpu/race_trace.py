@@ -71,7 +71,8 @@ def _load(name: str, path: Path):
     return mod
 
 
-def _cuobjdump() -> str:
+def cuobjdump() -> str:
+    """The cuobjdump Triton's package carries, else the one on PATH."""
     import triton
     own = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
     if own.is_file():
@@ -114,7 +115,7 @@ def compile_all(out: Path, ptxas: str | None, cases: str = "check-small",
                          text=True).stdout
     ptxas_ver = "ptxas " + ((re.findall(r"release [\d.]+, V[\d.]+", ver) or [ver.strip()])[0])
     out.mkdir(parents=True, exist_ok=True)
-    cuobj = _cuobjdump()
+    cuobj = cuobjdump()
     tags: list[str] = []
     state = {"tag": None}
 

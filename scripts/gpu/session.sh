@@ -274,9 +274,9 @@ fi
 if has fwdab; then
   # a change of the Gluon forward against another tree's (carry .ab; AB_OLD, default
   # .ab/OLD) under triton 3.9: bits on every problem of gluon_fwd_ab.py, then both timed
-  # beside cuDNN in one process (AB_ROUNDS rounds, default 3); the GPU tests of the
-  # forward and compute-sanitizer (racecheck, synccheck) on its shapes follow with
-  # FWDAB_CHECKS=1 (run by `detach fwdab-checks` beside a campaign)
+  # beside cuDNN in one process (AB_ROUNDS rounds, default 3); the phase fwdab-checks
+  # (below: the forward's GPU tests, racecheck and synccheck on its shapes) can run beside
+  # a detached campaign
   el fwdab
   use_triton39 fwdab
   timeout -s TERM 300 python3 scripts/gpu/gluon_fwd_ab.py --old "${AB_OLD:-.ab/OLD}" \
