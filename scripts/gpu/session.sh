@@ -3,7 +3,9 @@
 # $OUT/gpu.tgz. Logs are written as the work goes, so a call cut short still returns them.
 #   bash scripts/gpu/session.sh bench     the benchmark matrix alone on the GPU (compiled in
 #                                         parallel first, --prewarm; BENCH_TRITON39=1: under
-#                                         triton 3.9, carry .triton)
+#                                         triton 3.9, carry .triton), then each row of ours
+#                                         against docs/benchmarks' run of this GPU
+#                                         (scripts/bench_compare.py: bench-compare.md)
 #   bash scripts/gpu/session.sh verify    per-kernel reports of the GPU sweep (--jobs), with
 #                                         the harness throughput measured on a warm cache
 #   bash scripts/gpu/session.sh ncu       ncu on one forward+backward of ours and of cuDNN
@@ -186,7 +188,9 @@ trap pack EXIT
   nproc
 } > "$R/env-$PHASE.txt" 2>&1; cat "$R/env-$PHASE.txt"
 
-NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SchedulerStats"
+NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SchedulerStats --metrics l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum"
+# (the metrics: shared-memory bank conflicts of loads and stores through the LSU, beside all
+# shared-memory wavefronts; TMA and wgmma operand reads do not go through the LSU)
 # One kernel's GPU-profile report: rep KERNEL JOBS SECONDS (the budget leaves 25 s to write).
 rep() { local k=$1 j=$2 t=$3; timeout -s TERM "$t" python3 -m flashcheck run --kernel "$k" \
   --device cuda --profile gpu --jobs "$j" --out "$R/reports/$k" --budget-s $((t-25)) -q \
@@ -201,6 +205,12 @@ if has bench; then
     --prewarm-timeout-s "${PREWARM_S:-200}" --budget-s "${BUDGET_S:-330}" --out "$R/bench" \
     ${BENCH_ARGS:-} > "$R/bench.log" 2>&1
   el "bench exit=$?"
+  # every configuration of ours against the committed run of this GPU (scripts/bench_compare.py)
+  for j in "$R"/bench/bench_*.json; do
+    [ -f "docs/benchmarks/$(basename "$j")" ] && python3 scripts/bench_compare.py \
+      "docs/benchmarks/$(basename "$j")" "$j" --md "$R/bench-compare.md" > /dev/null 2>&1
+    el "bench compare exit=$? (1: a row slower beyond the drift)"
+  done
 fi
 if has bwd39; then
   el bwd39
@@ -389,7 +399,7 @@ if has ncu; then
   fi
   for impl in triton cudnn; do
     el "ncu $impl"
-    timeout -s TERM 100 ncu --clock-control none --profile-from-start off $NCU_SECTIONS \
+    timeout -s TERM 150 ncu --clock-control none --profile-from-start off $NCU_SECTIONS \
       python3 scripts/gpu/profile_one.py --impl $impl > "$R/ncu-$impl.log" 2>&1
     el "ncu $impl exit=$?"
   done
