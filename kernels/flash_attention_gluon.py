@@ -460,12 +460,18 @@ def tma_ready(*tensors: torch.Tensor) -> bool:
     return all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in tensors)
 
 
-def descriptor(t: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:
+def descriptor(t: torch.Tensor, rows: int, cols: int,
+               swizzle: int | None = None) -> TensorDescriptor:
     """A tensor descriptor of ``t`` as a 2-D (rows·…, D) array in blocks of (rows, cols),
-    NVMMA-swizzled for ``t``'s dtype (fp16, bf16 or fp32)."""
+    NVMMA-swizzled for ``t``'s dtype (fp16, bf16 or fp32): the default swizzle for the block
+    unless ``swizzle`` names its width in bytes (32, 64 or 128)."""
     gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16,
            torch.float32: gl.float32}[t.dtype]
-    layout = gl.NVMMASharedLayout.get_default_for([rows, cols], gdt)
+    if swizzle is None:
+        layout = gl.NVMMASharedLayout.get_default_for([rows, cols], gdt)
+    else:
+        layout = gl.NVMMASharedLayout(swizzle_byte_width=swizzle,
+                                      element_bitwidth=gdt.primitive_bitwidth, rank=2)
     return TensorDescriptor.from_tensor(t.reshape(-1, t.shape[-1]), [rows, cols], layout)
 
 

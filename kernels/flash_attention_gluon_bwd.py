@@ -112,6 +112,19 @@ if _stride not in TURN_STRIDES:
     raise ValueError(f"FLASHCHECK_GLUON_BWD_TURN_STRIDE must be one of {TURN_STRIDES}, "
                      f"got {_stride!r}")
 TURN_STRIDE = int(_stride)
+# The swizzle (bytes) of the fp32 dQ tile each consumer stages in shared memory for its bulk
+# add. 128, the default for a [64, D/2] fp32 block, puts rows r and r ^ 1 of a half-warp's
+# 64-bit stores on the same 16-byte chunks: two wavefronts per half-warp where one does
+# (scripts/smem_bank_conflicts.py); 32 lays a half-warp's four rows side by side in 128
+# contiguous bytes (one wavefront), at four times the bulk operations per tile. Read per
+# call; FLASHCHECK_GLUON_BWD_DQ_SWIZZLE sets it at import (the experiment of `session.sh
+# dqswz`). The results are the same bits either way.
+DQ_SWIZZLES = ("128", "32")
+_dq_swizzle = os.environ.get("FLASHCHECK_GLUON_BWD_DQ_SWIZZLE", "128")
+if _dq_swizzle not in DQ_SWIZZLES:
+    raise ValueError(f"FLASHCHECK_GLUON_BWD_DQ_SWIZZLE must be one of {DQ_SWIZZLES}, "
+                     f"got {_dq_swizzle!r}")
+DQ_SWIZZLE = int(_dq_swizzle)
 LAUNCHES = [0]  # calls of backward() since import (tests and the GPU session read it)
 
 if AVAILABLE:
@@ -491,7 +504,7 @@ def backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         _bwd_kernel[(p.Nk // (2 * BLOCK_N), p.B * p.Hkv)](
             desc(q, BLOCK_M, p.D), desc(k, BLOCK_N, p.D), desc(v, BLOCK_N, p.D),
             desc(do, BLOCK_M, p.D), desc(dk, BLOCK_N, p.D), desc(dv, BLOCK_N, p.D),
-            desc(acc, BLOCK_M, p.D // 2), lse, delta,
+            desc(acc, BLOCK_M, p.D // 2, DQ_SWIZZLE), lse, delta,
             sem, ticket, p.scale * _common.LOG2E, p.scale, p.Nk, p.group, BLOCK_N=BLOCK_N,
             BLOCK_M=BLOCK_M, HEAD_D=p.D, STAGES=STAGES, CAUSAL=p.has_hi,
             ORDERED=deterministic, WRITER=name.startswith("writer"), TURN_STRIDE=TURN_STRIDE,

@@ -157,12 +157,22 @@ for mode in ("split", "writer"):
             with _common.gluon_bwd(mode):
                 assert gb.fits(p, q, kv, kv, q, det), comp.tag
                 gb.backward(q, q, kv, kv, r, r, p, det)
+# the dQ staging tile's 32-byte swizzle (FLASHCHECK_GLUON_BWD_DQ_SWIZZLE=32), ordered MHA
+gb.DQ_SWIZZLE = 32
+q = torch.empty(1, 2, 1024, 128, dtype=torch.bfloat16)
+p = Problem(B=1, Hq=2, Hkv=2, Nq=1024, Nk=1024, D=128, scale=128 ** -0.5, has_lo=False,
+            has_hi=False, lo_off=0, hi_off=0, is_causal=False, mask=None, mask_kind=0)
+for mode in ("split", "writer"):
+    comp.tag = f"{mode} D=128 causal=False ordered=True hkv=2 dq_swizzle=32"
+    with _common.gluon_bwd(mode):
+        gb.backward(q, q, q, q, torch.empty(1, 2, 1024), torch.empty(1, 2, 1024), p, True)
 print(json.dumps(comp.records))
 """
 
 
 def test_every_form_compiles_for_sm90_with_its_partitions_and_bulk_adds(tmp_path):
-    """Each form for sm_90a (no GPU): registers as launched, shared memory within the
+    """Each form for sm_90a (no GPU; and the ordered forms with the dQ tile's 32-byte
+    swizzle): registers as launched, shared memory within the
     H200's 227 KiB, spills of at most a few hundred bytes (measured: up to 344 at D 128 under
     causal), the partitions' budgets (240 for the consumers, 24 for the producer and the
     writer) and each program's dQ halves going out as bulk tensor reduce-adds; only the
@@ -175,23 +185,23 @@ def test_every_form_compiles_for_sm90_with_its_partitions_and_bulk_adds(tmp_path
     recs = json.loads(res.stdout.strip().splitlines()[-1])
     if recs == "no-bulk":
         pytest.skip("this Triton's Gluon has no bulk tensor reduce-add (tma.async_atomic_add)")
-    assert len(recs) == 20 and {r["kernel"] for r in recs} == {"_bwd_kernel"}
+    assert len(recs) == 22 and {r["kernel"] for r in recs} == {"_bwd_kernel"}
     for r in recs:
         assert r["registers"] == gb.MAXNREG and r["spill_store_bytes"] <= 512, r
         assert r["shared_bytes"] <= 227 * 1024, r
         if "D=64" in r["launch"]:
             assert r["spill_store_bytes"] == 0, r
     ptx = {p.name: p.read_text() for p in tmp_path.glob("*.ptx")}
-    assert len(ptx) == 20
+    assert len(ptx) == 22
     for text in ptx.values():
         assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", text)
         assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", text)
         assert "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add" in text
-    # the ordered forms (2 forms x 2 head dims x non-causal MHA and GQA, causal GQA) wait for
-    # turns, and only they take a ticket
+    # the ordered forms (2 forms x 2 head dims x non-causal MHA and GQA, causal GQA, and the
+    # two with the 32-byte dQ swizzle) wait for turns, and only they take a ticket
     ordered = [text for text in ptx.values() if "acquire" in text]
-    assert len(ordered) == 12
-    assert sum("atom.global.gpu.acq_rel.add" in text for text in ptx.values()) == 12
+    assert len(ordered) == 14
+    assert sum("atom.global.gpu.acq_rel.add" in text for text in ptx.values()) == 14
     assert all("atom.global.gpu.acq_rel.add" in text for text in ordered)
     # a turn that waits past TURN_LIMIT_NS (read from the global timer) traps; a turn taken
     # is followed by a proxy fence before the copy
@@ -206,6 +216,14 @@ def test_every_form_compiles_for_sm90_with_its_partitions_and_bulk_adds(tmp_path
         stores = text.count("cp.async.bulk.tensor.2d.global.shared::cta")
         adds = text.count("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add")
         assert stores == 4 + (adds if "acquire" in text else 0), (stores, adds)
+    # the 32-byte swizzle's dQ tile goes out in boxes of 32-byte rows: more bulk adds than
+    # the default's 128-byte boxes, the same kernel otherwise
+    by_tag = {r["launch"]: ptx[f"_bwd_kernel-{r['ptx_sha256']}.ptx"] for r in recs}
+    reduce_add = "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"
+    for mode in ("split", "writer"):
+        tag = f"{mode} D=128 causal=False ordered=True hkv=2"
+        assert (by_tag[tag + " dq_swizzle=32"].count(reduce_add)
+                > by_tag[tag].count(reduce_add)), mode
 
 
 needs_gluon_bwd = pytest.mark.skipif(
@@ -309,6 +327,55 @@ def test_the_turn_stride_leaves_the_ordered_gradients_bitwise(mode, monkeypatch)
             spread = _grads(q, k, v, do, True, is_causal=causal)
             monkeypatch.setattr(gb, "TURN_STRIDE", 1)
             assert all(torch.equal(a, b) for a, b in zip(packed, spread, strict=True))
+
+
+@pytest.mark.skipif(not gb.AVAILABLE, reason="needs Gluon's bulk reduce-add (to import)")
+def test_the_dq_tile_takes_the_swizzle_dq_swizzle_names(monkeypatch):
+    """The launcher builds dQ's descriptor (and so the staging tile, which takes its layout)
+    with DQ_SWIZZLE, read per call; Q, K, V, dO, dK and dV keep their blocks' defaults."""
+    seen = {}
+
+    class Kernel:  # stands in for _bwd_kernel[grid](...)
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.update(args=args)
+
+    monkeypatch.setattr(gb, "_bwd_kernel", Kernel())
+    q = torch.zeros(1, 2, 1024, 128, dtype=torch.bfloat16)
+    r = torch.zeros(1, 2, 1024)
+    p = Problem(B=1, Hq=2, Hkv=2, Nq=1024, Nk=1024, D=128, scale=0.1, has_lo=False,
+                has_hi=False, lo_off=0, hi_off=0, is_causal=False, mask=None, mask_kind=0)
+    for swizzle in (128, 32):
+        monkeypatch.setattr(gb, "DQ_SWIZZLE", swizzle)
+        gb.backward(q, q, q, q, r, r, p, True)
+        descs = seen["args"][:7]
+        assert descs[6].layout.swizzle_byte_width == swizzle
+        assert descs[6].layout.element_bitwidth == 32 and descs[6].block_shape == [64, 64]
+        assert all(d.layout.swizzle_byte_width == 128 for d in descs[:6])
+
+
+@needs_gluon_bwd
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["split", "writer"])
+def test_the_dq_swizzle_leaves_the_gradients_bitwise(mode, monkeypatch):
+    """The dQ tile's 32-byte swizzle changes where a tile waits in shared memory and how many
+    boxes carry it out, not what is added in which order: the ordered forms give the same
+    bits as with the default swizzle, causal and not, at both head dims; its adds as they
+    come agree with them within 4 units in the last place at each tensor's largest entry."""
+    for D in (128, 64):
+        q, k, v, do = _qkv(2, 4, 4, 1024, D, torch.bfloat16)
+        with _common.gluon_bwd(mode):
+            for causal in (False, True):
+                default = _grads(q, k, v, do, True, is_causal=causal)
+                monkeypatch.setattr(gb, "DQ_SWIZZLE", 32)
+                swizzled = _grads(q, k, v, do, True, is_causal=causal)
+                atomic = _grads(q, k, v, do, False, is_causal=causal)
+                monkeypatch.setattr(gb, "DQ_SWIZZLE", 128)
+                assert all(torch.equal(a, b) for a, b in zip(default, swizzled, strict=True))
+                # dQ's fp32 adds in another order: the bound of the Triton comparison above
+                eps = torch.finfo(torch.bfloat16).eps
+                for a, b in zip(atomic, default, strict=True):
+                    assert float((a.float() - b.float()).abs().max()) <= 4 * eps * float(
+                        b.float().abs().max())
 
 
 @needs_gluon_bwd

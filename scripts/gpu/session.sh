@@ -114,6 +114,10 @@
 #                                         mode in ACCEPT_FWD (default "auto tile"; auto
 #                                         and persistent only where fwdpersist's tests
 #                                         passed)
+#   bash scripts/gpu/session.sh dqswz     the Gluon backward's dQ staging tile swizzled 32 bytes
+#                                         against the default 128 under triton 3.9 (carry
+#                                         .triton): GPU tests (bits), quick benches in
+#                                         alternation, ncu with source counters on _bwd_kernel
 #   bash scripts/gpu/session.sh late      after the phases before it (put it last): bwdgap
 #                                         and the quick bench once more, under triton 3.9
 #   bash scripts/gpu/session.sh bwdgap    the backward timed four ways under triton 3.9 (carry
@@ -321,6 +325,32 @@ if has accept; then
     FLASHCHECK_GLUON=$mode quick_bench "accept-$mode"
     el "accept $mode exit=$?"
   done
+fi
+if has dqswz; then
+  # the Gluon backward's dQ staging tile with a 32-byte swizzle against the default 128
+  # (FLASHCHECK_GLUON_BWD_DQ_SWIZZLE; scripts/smem_bank_conflicts.py: 128 doubles the
+  # wavefronts of its stores) under triton 3.9: its GPU tests (the same bits), then the quick
+  # bench in alternation (DQSWZ_ROUNDS, default 2) and ncu with the source counters on
+  # _bwd_kernel alone, each way
+  el dqswz
+  use_triton39 dqswz
+  timeout -s TERM 300 python3 -m pytest -q -p no:cacheprovider -m gpu \
+    tests/test_flash_gluon_bwd.py -k dq_swizzle > "$R/dqswz-pytest.log" 2>&1
+  DQSWZ_PYTEST=$?; el "dqswz pytest exit=$DQSWZ_PYTEST"
+  if [ $DQSWZ_PYTEST = 0 ]; then
+    for round in $(seq "${DQSWZ_ROUNDS:-2}"); do
+      for swz in 128 32; do
+        FLASHCHECK_GLUON_BWD_DQ_SWIZZLE=$swz quick_bench "dqswz-$swz-$round"
+        el "dqswz bench $swz round $round exit=$?"
+      done
+    done
+    for swz in 128 32; do
+      FLASHCHECK_GLUON_BWD_DQ_SWIZZLE=$swz timeout -s TERM 150 ncu --clock-control none \
+        --profile-from-start off -k regex:_bwd_kernel $NCU_SECTIONS --section SourceCounters \
+        python3 scripts/gpu/profile_one.py --impl triton > "$R/dqswz-ncu-$swz.log" 2>&1
+      el "dqswz ncu $swz exit=$?"
+    done
+  fi
 fi
 if has bwdgap; then
   el bwdgap
