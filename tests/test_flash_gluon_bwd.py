@@ -287,11 +287,9 @@ def test_gluon_backward_gives_the_triton_backward_gradients(mode, shape, kw, det
     assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True))
 
 
-@pytest.mark.skipif(not gb.AVAILABLE, reason="needs Gluon's bulk reduce-add (to import)")
-def test_the_turn_counters_lie_turn_stride_apart(monkeypatch):
-    """The ordered forms' launcher: one zeroed counter per (query tile, head-dim half),
-    TURN_STRIDE int32 apart, the programs' ticket counter after them; TURN_STRIDE is read per
-    call and handed to the kernel (32: a 128-byte line each)."""
+def _launch_stand_in(monkeypatch, causal):
+    """_bwd_kernel replaced by a stand-in that records its arguments (``seen["args"]``,
+    ``seen["kw"]``), and CPU inputs for one launch: (seen, q, lse-shaped r, problem)."""
     seen = {}
 
     class Kernel:  # stands in for _bwd_kernel[grid](...)
@@ -302,7 +300,16 @@ def test_the_turn_counters_lie_turn_stride_apart(monkeypatch):
     q = torch.zeros(1, 2, 1024, 128, dtype=torch.bfloat16)
     r = torch.zeros(1, 2, 1024)
     p = Problem(B=1, Hq=2, Hkv=2, Nq=1024, Nk=1024, D=128, scale=0.1, has_lo=False,
-                has_hi=True, lo_off=0, hi_off=0, is_causal=True, mask=None, mask_kind=0)
+                has_hi=causal, lo_off=0, hi_off=0, is_causal=causal, mask=None, mask_kind=0)
+    return seen, q, r, p
+
+
+@pytest.mark.skipif(not gb.AVAILABLE, reason="needs Gluon's bulk reduce-add (to import)")
+def test_the_turn_counters_lie_turn_stride_apart(monkeypatch):
+    """The ordered forms' launcher: one zeroed counter per (query tile, head-dim half),
+    TURN_STRIDE int32 apart, the programs' ticket counter after them; TURN_STRIDE is read per
+    call and handed to the kernel (32: a 128-byte line each)."""
+    seen, q, r, p = _launch_stand_in(monkeypatch, causal=True)
     for stride in (1, 32):
         monkeypatch.setattr(gb, "TURN_STRIDE", stride)
         gb.backward(q, q, q, q, r, r, p, True)
@@ -333,17 +340,7 @@ def test_the_turn_stride_leaves_the_ordered_gradients_bitwise(mode, monkeypatch)
 def test_the_dq_tile_takes_the_swizzle_dq_swizzle_names(monkeypatch):
     """The launcher builds dQ's descriptor (and so the staging tile, which takes its layout)
     with DQ_SWIZZLE, read per call; Q, K, V, dO, dK and dV keep their blocks' defaults."""
-    seen = {}
-
-    class Kernel:  # stands in for _bwd_kernel[grid](...)
-        def __getitem__(self, grid):
-            return lambda *args, **kw: seen.update(args=args)
-
-    monkeypatch.setattr(gb, "_bwd_kernel", Kernel())
-    q = torch.zeros(1, 2, 1024, 128, dtype=torch.bfloat16)
-    r = torch.zeros(1, 2, 1024)
-    p = Problem(B=1, Hq=2, Hkv=2, Nq=1024, Nk=1024, D=128, scale=0.1, has_lo=False,
-                has_hi=False, lo_off=0, hi_off=0, is_causal=False, mask=None, mask_kind=0)
+    seen, q, r, p = _launch_stand_in(monkeypatch, causal=False)
     for swizzle in (128, 32):
         monkeypatch.setattr(gb, "DQ_SWIZZLE", swizzle)
         gb.backward(q, q, q, q, r, r, p, True)
