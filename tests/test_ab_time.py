@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -89,9 +90,14 @@ def test_a_tree_is_timed_from_its_workers_rows_and_picks(monkeypatch, tmp_path):
                                'AB_PICKS {"fwd": {"k": "p"}}\n')
 
     monkeypatch.setattr(ab.subprocess, "run", run)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
     rows, picks = ab._time_tree(tmp_path, 64, [1024], 10.0)
     assert rows == [1, 2] and picks == {"fwd": {"k": "p"}}
     assert seen["cwd"] == tmp_path and seen["env"]["PYTHONPATH"] == str(tmp_path.resolve())
+    # a carried Triton on the caller's path stays on the worker's, after the tree
+    monkeypatch.setenv("PYTHONPATH", "/tmp/triton-slim")
+    ab._time_tree(tmp_path, 64, [1024], 10.0)
+    assert seen["env"]["PYTHONPATH"] == f"{tmp_path.resolve()}{os.pathsep}/tmp/triton-slim"
     assert seen["env"]["FLASHCHECK_AUTOTUNE_CACHE"] == "0"
     compile(seen["code"], "worker", "exec")  # the formatted worker is Python
 

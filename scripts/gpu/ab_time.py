@@ -70,7 +70,11 @@ def round_order(i: int) -> tuple[str, str]:
 
 def _time_tree(tree: Path, d: int, ns: list[int], timeout_s: float) -> tuple[list, dict]:
     """(timing rows, the autotuner's pick per kernel and tuning key) of one tree."""
-    env = dict(os.environ, PYTHONPATH=str(tree.resolve()), FLASHCHECK_AUTOTUNE_CACHE="0")
+    # the tree first; the caller's path after it, so that a Triton carried there
+    # (scripts/gpu/triton_slim.sh use) times both trees
+    path = os.pathsep.join(p for p in (str(tree.resolve()), os.environ.get("PYTHONPATH", ""))
+                           if p)
+    env = dict(os.environ, PYTHONPATH=path, FLASHCHECK_AUTOTUNE_CACHE="0")
     code = _WORKER.format(d=d, ns=ns, here=str(Path(__file__).resolve().parent))
     proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=tree,
                           capture_output=True, text=True, timeout=timeout_s)

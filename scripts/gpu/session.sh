@@ -114,6 +114,9 @@
 #                                         mode in ACCEPT_FWD (default "auto tile"; auto
 #                                         and persistent only where fwdpersist's tests
 #                                         passed)
+#   bash scripts/gpu/session.sh d64ab     the D = 64 matrix rows of this checkout against
+#                                         .ab/BASE (scripts/gpu/ab_time.py) under triton 3.6,
+#                                         then 3.9 (carry .ab and .triton)
 #   bash scripts/gpu/session.sh dqswz     the Gluon backward's dQ staging tile swizzled 32 bytes
 #                                         against the default 128 under triton 3.9 (carry
 #                                         .triton): GPU tests (bits), quick benches in
@@ -355,6 +358,23 @@ if has dqswz; then
       el "dqswz ncu $swz exit=$?"
     done
   fi
+fi
+if has d64ab; then
+  # the D = 64 rows that round 25 found slower than the issue-time kernels: this checkout
+  # against D64AB_BASE (default .ab/BASE: `git archive 5db18f4 kernels flashcheck verify
+  # reference pyproject.toml | tar -x -C .ab/BASE`, carry .ab) with scripts/gpu/ab_time.py,
+  # under the device's triton 3.6 and then under 3.9 (carry .triton): whether the change of
+  # code or of compiler makes the difference
+  el d64ab
+  for tv in 36 39; do
+    (
+      [ $tv = 39 ] && use_triton39 d64ab39
+      timeout -s TERM "${D64AB_S:-270}" python3 scripts/gpu/ab_time.py --a . \
+        --b "${D64AB_BASE:-.ab/BASE}" --d 64 --n "${D64AB_N:-4096,16384}" \
+        --rounds "${D64AB_ROUNDS:-2}" --out "$R/d64ab-$tv.json" > "$R/d64ab-$tv.log" 2>&1
+    )
+    el "d64ab triton $tv exit=$?"
+  done
 fi
 if has bwdgap; then
   el bwdgap
