@@ -362,6 +362,17 @@ SCHEDULE_TABLE = (
     ("dkdv",  4,   256,        ANY,  False, False, False,  False,  False, 0,      False),
     ("dq",    4,   256,        ANY,  False, False, True,   False,  False, 0,      False),
 )
+
+
+def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
+    """The environment variable ``name`` (``default`` when unset), which must be one of
+    ``choices``: else a ValueError naming the variable, the choices and the value."""
+    value = os.environ.get(name, default)
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return value
+
+
 _tma_mode = [os.environ.get("FLASHCHECK_TMA", "auto")]
 
 
@@ -417,9 +428,7 @@ def use_tma(kind: str, device: torch.device, elem: int, block_d: int,
 
 
 GLUON_MODES = ("auto", "tile", "persistent", "off")
-_gluon_mode = [os.environ.get("FLASHCHECK_GLUON", "auto")]
-if _gluon_mode[0] not in GLUON_MODES:
-    raise ValueError(f"FLASHCHECK_GLUON must be one of {GLUON_MODES}, got {_gluon_mode[0]!r}")
+_gluon_mode = [env_choice("FLASHCHECK_GLUON", GLUON_MODES, "auto")]
 # The forward's Gluon path (kernels/flash_attention_gluon.py) by head dim, one program per
 # tile: the smallest key length it takes. Measured beside the Triton forward on the H200,
 # the 24 configurations of kernels/bench.py in one call (docs/benchmarks/sweep.md round 17):
@@ -479,10 +488,7 @@ GLUON_BWD_MODES = ("auto", "off", "split", "writer")
 # tile taken by its writer warp; split's ordered form waits in its consumers and loses 45 %)
 # with GPU tests, sanitizers and campaigns passed (docs/benchmarks/sweep.md, rounds 19-20).
 GLUON_BWD_AUTO = "writer"
-_gluon_bwd_mode = [os.environ.get("FLASHCHECK_GLUON_BWD", "auto")]
-if _gluon_bwd_mode[0] not in GLUON_BWD_MODES:
-    raise ValueError(f"FLASHCHECK_GLUON_BWD must be one of {GLUON_BWD_MODES}, "
-                     f"got {_gluon_bwd_mode[0]!r}")
+_gluon_bwd_mode = [env_choice("FLASHCHECK_GLUON_BWD", GLUON_BWD_MODES, "auto")]
 
 
 def set_gluon_bwd(mode: str) -> None:

@@ -62,8 +62,6 @@ compiles every form for sm_90a without a GPU.
 
 from __future__ import annotations
 
-import os
-
 import torch
 from flashcheck.kernels import _common
 from flashcheck.kernels import flash_attention_gluon as _fwd
@@ -107,11 +105,7 @@ TURN_LIMIT_NS = 60 * 10 ** 9
 # per call; FLASHCHECK_GLUON_BWD_TURN_STRIDE sets it at import (the placement experiment of
 # sweep.md round 22: `session.sh stateb`). The results are the same bits either way.
 TURN_STRIDES = ("1", "32")
-_stride = os.environ.get("FLASHCHECK_GLUON_BWD_TURN_STRIDE", "1")
-if _stride not in TURN_STRIDES:
-    raise ValueError(f"FLASHCHECK_GLUON_BWD_TURN_STRIDE must be one of {TURN_STRIDES}, "
-                     f"got {_stride!r}")
-TURN_STRIDE = int(_stride)
+TURN_STRIDE = int(_common.env_choice("FLASHCHECK_GLUON_BWD_TURN_STRIDE", TURN_STRIDES, "1"))
 # The swizzle (bytes) of the fp32 dQ tile each consumer stages in shared memory for its bulk
 # add. 128, the default for a [64, D/2] fp32 block, puts rows r and r ^ 1 of a half-warp's
 # 64-bit stores on the same 16-byte chunks: two wavefronts per half-warp where one does
@@ -120,11 +114,7 @@ TURN_STRIDE = int(_stride)
 # call; FLASHCHECK_GLUON_BWD_DQ_SWIZZLE sets it at import (the experiment of `session.sh
 # dqswz`). The results are the same bits either way.
 DQ_SWIZZLES = ("128", "32")
-_dq_swizzle = os.environ.get("FLASHCHECK_GLUON_BWD_DQ_SWIZZLE", "128")
-if _dq_swizzle not in DQ_SWIZZLES:
-    raise ValueError(f"FLASHCHECK_GLUON_BWD_DQ_SWIZZLE must be one of {DQ_SWIZZLES}, "
-                     f"got {_dq_swizzle!r}")
-DQ_SWIZZLE = int(_dq_swizzle)
+DQ_SWIZZLE = int(_common.env_choice("FLASHCHECK_GLUON_BWD_DQ_SWIZZLE", DQ_SWIZZLES, "128"))
 LAUNCHES = [0]  # calls of backward() since import (tests and the GPU session read it)
 
 if AVAILABLE:

@@ -47,10 +47,10 @@ KERNELS = {"fwd": "_fwd_kernel_impl", "dkdv": "_bwd_dkdv_kernel_impl",
            "dq": "_bwd_dq_kernel_impl"}  # the Gluon forward is "_fwd_kernel"
 
 
-def _sweep_module():
-    spec = importlib.util.spec_from_file_location("sweep_hopper",
-                                                  _ROOT / "scripts/gpu/sweep_hopper.py")
-    mod = importlib.util.module_from_spec(spec)
+def _script(name: str):
+    """scripts/gpu/NAME.py as a module (registered under NAME: dataclasses look it up)."""
+    spec = importlib.util.spec_from_file_location(name, _ROOT / f"scripts/gpu/{name}.py")
+    mod = sys.modules[name] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
@@ -79,10 +79,7 @@ def code_of(ptx: str) -> str:
 def sass_of(cubin: Path) -> list[tuple[int, str]]:
     """(address, instruction) of every SASS instruction in ``cubin``: scripts/gpu/race_trace.py's
     cuobjdump and reader."""
-    spec = importlib.util.spec_from_file_location("race_trace",
-                                                  _ROOT / "scripts/gpu/race_trace.py")
-    rt = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # (its dataclasses)
-    spec.loader.exec_module(rt)
+    rt = _script("race_trace")
     text = subprocess.run([rt.cuobjdump(), "-sass", str(cubin)], capture_output=True,
                           text=True, check=True).stdout
     return rt.read_sass(text)
@@ -91,8 +88,8 @@ def sass_of(cubin: Path) -> list[tuple[int, str]]:
 def exp_wait_order(cubin: Path) -> list[dict]:
     """Per innermost loop of ``cubin`` (a backward branch's body holding no other) with two
     wgmma groups (``HGMMA``) and exponentials (``MUFU.EX2``), where the exponentials land
-    against the loop's
-    last wait for every outstanding wgmma group (``WARPGROUP.DEPBAR.LE gsb0, 0x0``): the
+    against the loop's last wait for every outstanding wgmma group
+    (``WARPGROUP.DEPBAR.LE gsb0, 0x0``): the
     forward's steady state overlaps a tile's exponentials with the previous tile's P V only
     when they come before that wait (kernels/flash_attention_gluon.py, ``_attend``)."""
     sass = sass_of(cubin)
@@ -237,7 +234,7 @@ def run(*, D: int, dtype: torch.dtype, sweep: bool, ptx_dir: Path | None,
     _patch_for_h200()
     from flashcheck.kernels import flash_attention as fa
 
-    sw = _sweep_module()
+    sw = _script("sweep_hopper")
     todo = [None] + (sw.variants(which) if sweep else [])
     for var in todo:
         for causal in (False, True):
@@ -281,7 +278,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bfloat16", choices=("float16", "bfloat16", "float32"))
     ap.add_argument("--sweep", action="store_true",
                     help="also every variant of scripts/gpu/sweep_hopper.py")
-    ap.add_argument("--set", default="tables", choices=_sweep_module().SETS,
+    ap.add_argument("--set", default="tables", choices=_script("sweep_hopper").SETS,
                     help="with --sweep: which of sweep_hopper.py's variant sets")
     ap.add_argument("--ptx-dir", type=Path, default=None,
                     help="keep each kernel's PTX and cubin here (named by its PTX's hash)")
