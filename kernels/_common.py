@@ -440,7 +440,9 @@ GLUON_FWD_MIN_KEYS = {128: 1, 64: 4097}
 # 21, causal tiles in pairs; time persistent / per tile, every timing of the round): D = 128
 # at 1K 0.84-0.92 (8 of 8 faster), at 4K 0.92-1.05 (10 of 14 faster), at 16K 1.00-1.12 (8
 # of 8 slower); D = 64 against the Triton forward in the same call 0.89-1.00 (12 of 12
-# faster at 1K, 4K and 16K), against per tile at 16K 0.94-1.01 (3 of 4).
+# faster at 1K, 4K and 16K), against per tile at 16K 0.94-1.01 (3 of 4). Round 26 (H100,
+# triton 3.9, the D = 64 forwards at 4K and 16K, each mode alternated with the issue-time
+# kernels in one call): "auto" faster than "off" in 7 of 8 and than "tile" in 6 of 8.
 GLUON_PERSISTENT_MAX_KEYS = {128: 4096, 64: 16384}
 
 

@@ -38,6 +38,14 @@ def test_faster_slower_within_and_beyond_the_reference_drift(tmp_path, capsys):
     assert "2 rows in both runs; 0 at least as fast; 1 slower within drift; 1 slower beyond " \
            "drift" in out
     assert md.read_text() == out
+    # ours 3.8 % slower with cuDNN unchanged: inside the default noise (5 %), beyond 3 %
+    near = _run_file(tmp_path, "near.json", {("triton-fa2", False): 4.16,
+                                             ("triton-fa2", True): 2.08,
+                                             ("sdpa-cudnn", False): 3.0, ("sdpa-cudnn", True): 2.0})
+    assert MOD.main([str(old), str(near)]) == 0
+    assert "0 slower beyond drift" in capsys.readouterr().out
+    assert MOD.main([str(old), str(near), "--noise", "0.03"]) == 1
+    assert "2 slower beyond drift" in capsys.readouterr().out
     # the same run against itself: every row at least as fast, exit 0
     assert MOD.main([str(old), str(old)]) == 0
     assert "2 at least as fast" in capsys.readouterr().out
