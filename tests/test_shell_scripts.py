@@ -8,6 +8,7 @@ and how a device session names its files.
 from __future__ import annotations
 
 import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -30,11 +31,21 @@ def test_triton_slim_refuses_an_unknown_mode_with_its_usage(args):
     assert "usage: triton_slim.sh pack VERSION" in proc.stderr
 
 
-def test_session_names_a_multi_phase_calls_env_file_without_a_space(tmp_path):
-    """Files whose names hold a space do not come back from the device."""
-    out = tmp_path / "r"
-    proc = subprocess.run(["bash", str(ROOT / "scripts/gpu/session.sh"), "nosuch", "other"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env={"PATH": "/usr/bin:/bin", "GPU_R": str(out), "HOME": str(tmp_path)})
-    assert proc.returncode == 0, proc.stderr
-    assert [p.name for p in out.iterdir()] == ["env-nosuch+other.txt"]
+def test_session_packs_its_results_into_one_tarball_named_plainly(tmp_path):
+    """A device call returns 8 files at most, and none whose name holds a space or a "+":
+    a session that ends leaves one gpu.tgz under $OUT, GPU_R or not, holding the
+    multi-phase call's env file named with "_"."""
+    for gpu_r in (True, False):
+        out = tmp_path / f"out-{gpu_r}"
+        out.mkdir()
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "OUT": str(out)}
+        if gpu_r:
+            env["GPU_R"] = str(out / "r")
+        proc = subprocess.run(["bash", str(ROOT / "scripts/gpu/session.sh"), "nosuch", "other"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                              env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert [p.name for p in out.iterdir()] == ["gpu.tgz"]
+        with tarfile.open(out / "gpu.tgz") as tar:
+            assert [m.name for m in tar.getmembers() if m.isfile()] == [
+                "./env-nosuch_other.txt"]

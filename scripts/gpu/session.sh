@@ -160,12 +160,15 @@ if [ "$1" = detach ]; then
 fi
 PHASES=" $* "
 has() { [[ "$PHASES" == *" $1 "* ]]; }
-PHASE="$*"; PHASE=${PHASE// /+}
+# (joined by "_": a returned file's name may hold letters, digits, ".", "-" and "_" only)
+PHASE="$*"; PHASE=${PHASE// /_}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TRITON_CACHE_DIR=$PWD/.tcache
 # Many compiling processes at once: one Inductor compile worker each, not one per core.
 export TORCHINDUCTOR_COMPILE_THREADS=1
 # GPU_R=$OUT/r: results written straight under $OUT, so a call cut at its limit still
-# returns them (the tarball is written only when the script exits).
+# returns them (the tarball is written only when the script exits); a call that ends packs
+# them into $OUT/gpu.tgz all the same and removes the loose copies, since a call returns
+# 8 files at most.
 R=${GPU_R:-$PWD/gpu_out}; mkdir -p "$R" "$TRITON_CACHE_DIR"
 T0=$(date +%s)
 # each line with the GPU's clocks, temperature, power and active clock-limit reasons, and
@@ -184,7 +187,11 @@ quick_bench() { FLASHCHECK_GLUON_BWD=${ACCEPT_BWD:-auto} timeout -s TERM 500 \
   python3 -m flashcheck.kernels.bench --quick --rounds "${ACCEPT_ROUNDS:-3}" --out "$R/$1" \
   > "$R/$1.log" 2>&1; }
 bwd_gap() { timeout -s TERM 300 python3 scripts/gpu/bwd_gap.py --out "$R/$1.json" > "$R/$1.log" 2>&1; }
-pack() { [ -n "${GPU_R:-}" ] || tar czf "$OUT/gpu.tgz" --exclude=hypothesis-db -C "$R" . 2>/dev/null; }
+pack() {
+  tar czf "$OUT/gpu.tgz" --exclude=hypothesis-db -C "$R" . 2>/dev/null || return
+  if [ -n "${GPU_R:-}" ]; then find "$R" -mindepth 1 -delete; rmdir "$R" 2>/dev/null; fi
+  return 0
+}
 # triton 3.9 (carried in .triton) for this and the later phases, with a cache of its own;
 # what it set up goes to $R/env-NAME.txt
 use_triton39() { . scripts/gpu/triton_slim.sh use > "$R/env-$1.txt" 2>&1; export TRITON_CACHE_DIR=$PWD/.tcache39; }
