@@ -405,7 +405,7 @@ def test_sixteen_key_tiles_are_a_member_below_fp32_too():
     the blocked controls' dk RMSE is 1.02e-4 against 6.2-6.3e-5 for every member with 32 or
     128-key tiles: 0.92 of the RMSE rule (1.53x the baseline's RMSE, beyond the rule's
     derivation's 1.28). The emulated model with 16-key tiles gives the controls' dk RMSE
-    to the last digit, whatever its query tile: the tile width, not the rounding of P and
+    (to the last digit on AVX-512, within 7e-6 on AVX2), whatever its query tile: the tile width, not the rounding of P and
     dS alone, sets the error below fp32 too, so fa2_128x16 is a member for every dtype."""
     from pathlib import Path
 
@@ -432,7 +432,11 @@ def test_sixteen_key_tiles_are_a_member_below_fp32_too():
     out = ctl(q, k, v_, scale=case.scale, window=case.window,
               causal_alignment=case.causal_alignment)
     got = {"dk": torch.autograd.grad(out, k, inp.grad_out)[0]}
-    assert rmse(got) == pytest.approx(rmse(fam["fa2_128x16"]), rel=1e-6)
+    # The control's and the model's fp32 tile products sum in the order of the CPU's GEMM
+    # kernels: the two RMSEs agree to the last digit on AVX-512 machines and 7e-6 apart on
+    # an AVX2-only one (AMD EPYC, pinned or not); 1e-4 holds both and is 5,000x inside the
+    # 50 % gap to the other tile widths asserted next.
+    assert rmse(got) == pytest.approx(rmse(fam["fa2_128x16"]), rel=1e-4)
     assert rmse(got) > 1.5 * max(rmse(fam["fa2_128"]), rmse(fam["fa2_64x32"]))
     for name in ("blocked_fa2", "fa1_order", "fp32_fma_chain"):
         ctl = importlib.import_module(f"flashcheck.verify.controls.{name}").attention
