@@ -259,3 +259,17 @@ def test_a_control_is_judged_again_against_the_whole_family(tmp_path):
     assert f"family: {selftest._fmt_ratio(res.family_ratio)} over its 4 highest" in line
     with pytest.raises(ValueError, match="family must be 'lazy' or 'full'"):
         Supervisor(spec, "cpu", family="all")
+
+
+def test_side_by_side_controls_start_with_the_interpreted_ones():
+    """The Triton controls' campaigns run under the interpreter and take longest: a pool that
+    starts them last finishes them alone. They start first; the rest keep the table order."""
+    from flashcheck.verify.controls import CONTROLS
+
+    order = selftest.launch_order(CONTROLS)
+    first = [CONTROLS[i].name for i in order[:2]]
+    assert first == ["triton_fwd", "triton_tile32"]
+    assert sorted(order) == list(range(len(CONTROLS)))
+    rest = [i for i in order if not CONTROLS[i].interpreted]
+    assert rest == sorted(rest)
+    assert {c.name for c in CONTROLS if c.interpreted} == {"triton_fwd", "triton_tile32"}

@@ -27,6 +27,9 @@ class Control:
     name: str
     what: str  # one line: how it differs from the baseline
     builtin: bool = False
+    # its kernel runs under the Triton interpreter on the CPU: the campaigns that take
+    # longest (2,000 examples: 815-2,732 s against 40-144 s for the others), started first
+    interpreted: bool = False
 
     @property
     def spec(self) -> str:
@@ -88,8 +91,8 @@ CONTROLS: tuple[Control, ...] = (
     Control("fwd_fast_exp", "the forward's probabilities from a fast exp (a cubic after range "
                             "reduction, 1e-4), rescale factors and backward exact (PyTorch's "
                             "CPU flash forward below fp32; declares fwd_fast_exp)"),
-    Control("triton_fwd", "Triton forward, tiles of 16 (Triton mutant base)"),
-    Control("triton_tile32", "Triton forward, tiles of 32"),
+    Control("triton_fwd", "Triton forward, tiles of 16 (Triton mutant base)", interpreted=True),
+    Control("triton_tile32", "Triton forward, tiles of 32", interpreted=True),
     Control("reference", "float64 oracle rounded to the input dtype", builtin=True),
     Control("online", "emulated flash model (reference.online_attention)", builtin=True),
 )
