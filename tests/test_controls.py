@@ -405,8 +405,9 @@ def test_sixteen_key_tiles_are_a_member_below_fp32_too():
     the blocked controls' dk RMSE is 1.02e-4 against 6.2-6.3e-5 for every member with 32 or
     128-key tiles: 0.92 of the RMSE rule (1.53x the baseline's RMSE, beyond the rule's
     derivation's 1.28). The emulated model with 16-key tiles gives the controls' dk RMSE
-    (to the last digit on AVX-512, within 7e-6 on AVX2), whatever its query tile: the tile width, not the rounding of P and
-    dS alone, sets the error below fp32 too, so fa2_128x16 is a member for every dtype."""
+    (to the last digit on AVX-512, within 7e-6 on AVX2), whatever its query tile: the tile
+    width, not the rounding of P and dS alone, sets the error below fp32 too, so fa2_128x16
+    is a member for every dtype."""
     from pathlib import Path
 
     from flashcheck.reference.family import FAMILY, family_members, run_family
