@@ -189,7 +189,7 @@ quick_bench() { FLASHCHECK_GLUON_BWD=${ACCEPT_BWD:-auto} timeout -s TERM 500 \
 bwd_gap() { timeout -s TERM 300 python3 scripts/gpu/bwd_gap.py --out "$R/$1.json" > "$R/$1.log" 2>&1; }
 pack() {
   tar czf "$OUT/gpu.tgz" --exclude=hypothesis-db -C "$R" . 2>/dev/null || return
-  if [ -n "${GPU_R:-}" ]; then find "$R" -mindepth 1 -delete; rmdir "$R" 2>/dev/null; fi
+  if [ -n "${GPU_R:-}" ]; then rm -rf "$R"; fi
   return 0
 }
 # triton 3.9 (carried in .triton) for this and the later phases, with a cache of its own;
