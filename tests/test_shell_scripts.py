@@ -49,3 +49,14 @@ def test_session_packs_its_results_into_one_tarball_named_plainly(tmp_path):
         with tarfile.open(out / "gpu.tgz") as tar:
             assert [m.name for m in tar.getmembers() if m.isfile()] == [
                 "./env-nosuch_other.txt"]
+
+
+def test_the_stages_phase_finds_the_launch_argument_it_rewrites():
+    """session.sh's stagesab phase makes its trees by rewriting ``STAGES=STAGES,`` in both
+    Gluon modules' launches (and skips a depth when it finds it in fewer): the argument is
+    there once in each, so the phase measures what it says."""
+    for name in ("flash_attention_gluon.py", "flash_attention_gluon_bwd.py"):
+        text = (ROOT / "kernels" / name).read_text()
+        assert text.count("STAGES=STAGES,") == 1, name
+    assert 's/STAGES=STAGES,/STAGES=($n if p.D == 64 else STAGES),/' in (
+        ROOT / "scripts" / "gpu" / "session.sh").read_text()

@@ -1,6 +1,7 @@
 """The Gluon forward of this tree against another tree's, in one process: bits, then time.
 
     python3 scripts/gpu/gluon_fwd_ab.py --old .ab/OLD --out FILE.json [--rounds 5]
+                                        [--d 128,64] [--n 4096]
 
 ``--old`` is a checkout of this repository (``git archive COMMIT | tar -x -C .ab/OLD``; the
 device call carries ``.ab``): its ``kernels/flash_attention_gluon.py`` is loaded beside the
@@ -12,8 +13,9 @@ between the two.
    not, GQA, unequal lengths; per tile and persistent grids), O and the base-2 lse of both
    forwards on the same inputs must be equal bit for bit (a schedule change moves no
    arithmetic); any difference is listed and the exit status is 1.
-2. Time: bf16 and fp16, D 128 and 64, N 4096, B = H = 16, causal and not, in the default
-   grid ("auto"): per round the old forward, the new one and cuDNN's
+2. Time: bf16 and fp16, head dims ``--d`` (default 128 and 64), lengths ``--n`` (default
+   4096), B and H as in the benchmark matrix (``kernels/bench.py``), causal and not, in the
+   default grid ("auto"): per round the old forward, the new one and cuDNN's
    (``scaled_dot_product_attention`` under the cuDNN backend), in an order that alternates
    between rounds; the median of ``triton.testing.do_bench`` per timing, then per
    configuration the median over rounds and the ratios old / new and cuDNN / new (above 1:
@@ -31,7 +33,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from flashcheck.kernels import _common
+from flashcheck.kernels import _common, bench
 from flashcheck.kernels import flash_attention_gluon as new
 from flashcheck.kernels._common import Problem
 
@@ -44,8 +46,12 @@ PROBLEMS = [
     (2, 4, 4, 2048, 2048, 64, False, "persistent"), (2, 4, 2, 2048, 2048, 64, True, "persistent"),
     (1, 2, 2, 8192, 8192, 64, True, "tile"), (3, 2, 2, 256, 128, 128, False, "persistent"),
 ]
-TIMED = [(dt, D, causal) for dt in ("bfloat16", "float16") for D in (128, 64)
-         for causal in (False, True)]
+
+
+def timed(ds: list[int], ns: list[int]) -> list[tuple[str, int, int, bool]]:
+    """The timed configurations: (dtype, D, N, causal) for each head dim and length."""
+    return [(dt, D, N, causal) for dt in ("bfloat16", "float16") for D in ds for N in ns
+            for causal in (False, True)]
 
 
 def _problem(B, Hq, Hkv, Nq, Nk, D, causal) -> Problem:
@@ -87,7 +93,7 @@ def bits(old) -> list[dict]:
     return rows
 
 
-def timings(old, rounds: int) -> list[dict]:
+def timings(old, rounds: int, configs: list[tuple[str, int, int, bool]]) -> list[dict]:
     import torch.nn.functional as F
     import triton.testing
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -97,10 +103,10 @@ def timings(old, rounds: int) -> list[dict]:
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
     out = []
-    for dt, D, causal in TIMED:
+    for dt, D, N, causal in configs:
         dtype = getattr(torch, dt)
-        B = H = 16
-        N = 4096
+        H = bench.HEADS
+        B = bench.TOKENS // (H * N)
         q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype) for _ in range(3))
         p = _problem(B, H, H, N, N, D, causal)
         fns = {"old": partial(old.forward, q, k, v, p), "new": partial(new.forward, q, k, v, p),
@@ -117,10 +123,20 @@ def timings(old, rounds: int) -> list[dict]:
                    cudnn_over_new=med["cudnn"] / med["new"],
                    tflops={name: flops / (m * 1e-3) / 1e12 for name, m in med.items()})
         out.append(row)
-        print(f"{dt} D{D} causal={causal}: old {med['old']:.3f} new {med['new']:.3f} cuDNN "
+        print(f"{dt} D{D} N{N} causal={causal}: old {med['old']:.3f} new {med['new']:.3f} cuDNN "
               f"{med['cudnn']:.3f} ms; old/new {row['old_over_new']:.3f}, cuDNN/new "
               f"{row['cudnn_over_new']:.3f}", flush=True)
     return out
+
+
+def _ints(ap, name: str, text: str, allowed: set[int]) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        vals = []
+    if not vals or any(v not in allowed for v in vals):
+        ap.error(f"{name} must be a comma-separated list from {sorted(allowed)}, got {text!r}")
+    return vals
 
 
 def main(argv=None) -> int:
@@ -128,9 +144,13 @@ def main(argv=None) -> int:
     ap.add_argument("--old", type=Path, required=True, help="the other tree")
     ap.add_argument("--out", type=Path, required=True, help="JSON report")
     ap.add_argument("--rounds", type=int, default=5, help="timing rounds (1..50, default 5)")
+    ap.add_argument("--d", default="128,64", help="timed head dims (64 and/or 128)")
+    ap.add_argument("--n", default="4096", help="timed lengths (1024..16384, powers of 2)")
     args = ap.parse_args(argv)
     if not 1 <= args.rounds <= 50:
         ap.error(f"--rounds must be in 1..50, got {args.rounds}")
+    ds = _ints(ap, "--d", args.d, {64, 128})
+    ns = _ints(ap, "--n", args.n, {1024, 2048, 4096, 8192, 16384})
     if not (torch.cuda.is_available() and new.AVAILABLE):
         raise SystemExit("gluon_fwd_ab: needs an sm_90 GPU and a Triton with Gluon")
     old = load_old(args.old)
@@ -139,7 +159,7 @@ def main(argv=None) -> int:
                triton=triton.__version__, old=str(args.old))
     rep["bits"] = bits(old)
     args.out.write_text(json.dumps(rep, indent=1))
-    rep["timings"] = timings(old, args.rounds)
+    rep["timings"] = timings(old, args.rounds, timed(ds, ns))
     args.out.write_text(json.dumps(rep, indent=1))
     differ = [r for r in rep["bits"] if not r["bitwise_equal"]]
     print(f"bits: {len(rep['bits']) - len(differ)} of {len(rep['bits'])} equal")

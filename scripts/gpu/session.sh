@@ -117,6 +117,14 @@
 #   bash scripts/gpu/session.sh d64ab     the D = 64 matrix rows of this checkout against
 #                                         .ab/BASE (scripts/gpu/ab_time.py) under triton 3.6,
 #                                         then 3.9 (carry .ab and .triton)
+#   bash scripts/gpu/session.sh stagesab  the Gluon kernels' ring depth at D = 64 under triton 3.9
+#                                         (carry .triton): for each depth of STAGES_DEPTHS
+#                                         (default "3 4") a copy of this checkout's kernels with
+#                                         that depth at D = 64 (.ab/stagesN, made here) against
+#                                         this one: the forward's bits and time in one process
+#                                         (gluon_fwd_ab.py --d 64, N 4K and 16K), then with
+#                                         STAGES_AB=1 the D = 64 matrix rows alternated in fresh
+#                                         processes (ab_time.py: forward and backward)
 #   bash scripts/gpu/session.sh dqswz     the Gluon backward's dQ staging tile swizzled 32 bytes
 #                                         against the default 128 under triton 3.9 (carry
 #                                         .triton): GPU tests (bits), quick benches in
@@ -181,10 +189,11 @@ el() { echo "[$(( $(date +%s) - T0 ))s] $* {gpu $(gpu_state); load $(cut -d' ' -
 job() { local name=$1 t=$2; shift 2; ( timeout -s TERM "$t" "$@" > "$R/$name.log" 2>&1; echo "exit=$?" >> "$R/$name.log" ) & }
 # the quick bench with the Gluon backward's ACCEPT_BWD form into $R/NAME (NAME.log), and
 # scripts/gpu/bwd_gap.py into $R/NAME.json: the acceptance run's two timings
-# the quick bench in ACCEPT_ROUNDS rounds (default 3: the median of three round-robin
-# timings on fresh tensors per row, the rounds' range in the note)
+# the quick bench in ACCEPT_ROUNDS rounds (default 6: single rounds of both forwards move by
+# 10-25 % within one process, sweep.md round 27, so a row is the median of six round-robin
+# timings on fresh tensors; the rounds' range in the note; about 80 s on the H100)
 quick_bench() { FLASHCHECK_GLUON_BWD=${ACCEPT_BWD:-auto} timeout -s TERM 500 \
-  python3 -m flashcheck.kernels.bench --quick --rounds "${ACCEPT_ROUNDS:-3}" --out "$R/$1" \
+  python3 -m flashcheck.kernels.bench --quick --rounds "${ACCEPT_ROUNDS:-6}" --out "$R/$1" \
   > "$R/$1.log" 2>&1; }
 bwd_gap() { timeout -s TERM 300 python3 scripts/gpu/bwd_gap.py --out "$R/$1.json" > "$R/$1.log" 2>&1; }
 pack() {
@@ -381,6 +390,30 @@ if has d64ab; then
         --rounds "${D64AB_ROUNDS:-2}" --out "$R/d64ab-$tv.json" > "$R/d64ab-$tv.log" 2>&1
     )
     el "d64ab triton $tv exit=$?"
+  done
+fi
+if has stagesab; then
+  # a deeper K/V (forward) and Q/dO (backward) ring at D = 64, where a stage is half the
+  # shared memory it is at D = 128 (at D = 128 a third does not fit: the modules' STAGES)
+  el stagesab
+  use_triton39 stagesab
+  for n in ${STAGES_DEPTHS:-3 4}; do
+    t=.ab/stages$n
+    rm -rf "$t" && mkdir -p "$t/verify" && cp -r kernels flashcheck pyproject.toml "$t/" &&
+      touch "$t/verify/__init__.py" &&
+      sed -i "s/STAGES=STAGES,/STAGES=($n if p.D == 64 else STAGES),/" \
+        "$t"/kernels/flash_attention_gluon.py "$t"/kernels/flash_attention_gluon_bwd.py
+    [ "$(grep -l "STAGES=($n if" "$t"/kernels/flash_attention_gluon*.py | wc -l)" = 2 ] ||
+      { el "stagesab $n: the STAGES launch argument not found in both modules"; continue; }
+    timeout -s TERM "${STAGES_FWD_S:-240}" python3 scripts/gpu/gluon_fwd_ab.py --old "$t" \
+      --d 64 --n 4096,16384 --rounds "${AB_ROUNDS:-3}" --out "$R/stagesab-fwd-$n.json" \
+      > "$R/stagesab-fwd-$n.log" 2>&1
+    el "stagesab fwd $n exit=$?"
+    if [ "${STAGES_AB:-0}" = 1 ]; then
+      timeout -s TERM "${STAGES_AB_S:-270}" python3 scripts/gpu/ab_time.py --a . --b "$t" \
+        --d 64 --n 4096,16384 --rounds 2 --out "$R/stagesab-$n.json" > "$R/stagesab-$n.log" 2>&1
+      el "stagesab matrix $n exit=$?"
+    fi
   done
 fi
 if has bwdgap; then
