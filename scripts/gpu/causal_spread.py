@@ -9,7 +9,9 @@ cuDNN's (``sdpa-cudnn``) as the benchmark does (``kernels.bench._peer_fn``, inpu
 ``requires_grad``, median of ``triton.testing.do_bench``), alternating the two (the first of
 a round timed again after the second), ``--rounds`` times in each of ``--procs`` fresh
 processes run one after another, with the allocator's device allocations and frees during
-each timing. Every other round
+each timing and its wall-clock start and end (seconds since the epoch, and the start in local
+time as nvidia-smi's timestamps read: to join with a log of the GPU's clocks and power, as
+session.sh's ``spread`` phase writes beside it). Every other round
 allocates Q, K and V anew behind a pad of a different size, so that the same process times
 the kernels at other addresses. FILE.json keeps every time with the round's addresses
 and, per implementation, the spread within processes (at the same and at other addresses)
@@ -26,6 +28,7 @@ import sys
 
 _WORKER = r"""
 import json
+import time
 import torch
 from triton.testing import do_bench
 from flashcheck.kernels import bench
@@ -45,9 +48,12 @@ for r in range({rounds}):
         out_addr = hex(o.data_ptr())
         del o
         before = torch.cuda.memory_stats()
+        t0 = time.time()
         ms = do_bench(lambda: fn(q, k, v), return_mode="median")
+        t1 = time.time()
         after = torch.cuda.memory_stats()
-        rows.append(dict(round=r, impl=impl, ms=ms, out=out_addr,
+        rows.append(dict(round=r, impl=impl, ms=ms, out=out_addr, start=t0, end=t1,
+                         start_local=time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(t0)),
                          addr=[hex(t.data_ptr()) for t in (q, k, v)],
                          **{{key: after.get(key, 0) - before.get(key, 0) for key in
                             ("num_device_alloc", "num_device_free", "num_alloc_retries")}}))

@@ -117,6 +117,11 @@
 #   bash scripts/gpu/session.sh d64ab     the D = 64 matrix rows of this checkout against
 #                                         .ab/BASE (scripts/gpu/ab_time.py) under triton 3.6,
 #                                         then 3.9 (carry .ab and .triton)
+#   bash scripts/gpu/session.sh spread    the causal forward, ours and cuDNN's, alternated over
+#                                         rounds and fresh processes (causal_spread.py, triton
+#                                         3.9, carry .triton; SPREAD_PROCS, default 5) with the
+#                                         GPU's SM clock, power, temperature and clock-event
+#                                         reasons logged every 100 ms beside it (spread-smi.csv)
 #   bash scripts/gpu/session.sh stagesab  the Gluon kernels' ring depth at D = 64 under triton 3.9
 #                                         (carry .triton): for each depth of STAGES_DEPTHS
 #                                         (default "3 4") a copy of this checkout's kernels with
@@ -391,6 +396,19 @@ if has d64ab; then
     )
     el "d64ab triton $tv exit=$?"
   done
+fi
+if has spread; then
+  # which of the GPU's clocks and power follow the rounds where a forward reads slow
+  # (sweep.md round 27: single rounds move by 10-25 % within one process)
+  el spread
+  use_triton39 spread
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+    --format=csv -lms 100 > "$R/spread-smi.csv" 2>&1 &
+  smi=$!
+  timeout -s TERM 400 python3 scripts/gpu/causal_spread.py --procs "${SPREAD_PROCS:-5}" \
+    --out "$R/causal_spread.json" > "$R/causal_spread.log" 2>&1
+  el "spread exit=$?"
+  kill "$smi" 2>/dev/null
 fi
 if has stagesab; then
   # a deeper K/V (forward) and Q/dO (backward) ring at D = 64, where a stage is half the
