@@ -43,9 +43,10 @@ def test_spread_refuses_counts_out_of_range(argv, name, capsys, tmp_path):
 def test_fwd_ab_times_each_head_dim_and_length_asked_for():
     ab = load("scripts/gpu/gluon_fwd_ab.py", "gluon_fwd_ab_timed")
     got = ab.timed([64], [4096, 16384])
-    assert len(got) == 8 and {(d, n) for _, d, n, _ in got} == {(64, 4096), (64, 16384)}
-    assert {(dt, c) for dt, _, _, c in got} == {
+    assert len(got) == 8 and {(c["D"], c["N"]) for c in got} == {(64, 4096), (64, 16384)}
+    assert {(c["dtype"], c["causal"]) for c in got} == {
         (dt, c) for dt in ("bfloat16", "float16") for c in (False, True)}
+    assert all(c["B"] * c["H"] * c["N"] == 2 ** 20 for c in got)  # the benchmark's rows
 
 
 @pytest.mark.parametrize("argv, name", [(["--d", "96"], "--d"), (["--n", "4000"], "--n"),

@@ -14,7 +14,7 @@ between the two.
    forwards on the same inputs must be equal bit for bit (a schedule change moves no
    arithmetic); any difference is listed and the exit status is 1.
 2. Time: bf16 and fp16, head dims ``--d`` (default 128 and 64), lengths ``--n`` (default
-   4096), B and H as in the benchmark matrix (``kernels/bench.py``), causal and not, in the
+   4096), the benchmark matrix's rows (``kernels/bench.py``: B and H), causal and not, in the
    default grid ("auto"): per round the old forward, the new one and cuDNN's
    (``scaled_dot_product_attention`` under the cuDNN backend), in an order that alternates
    between rounds; the median of ``triton.testing.do_bench`` per timing, then per
@@ -48,10 +48,10 @@ PROBLEMS = [
 ]
 
 
-def timed(ds: list[int], ns: list[int]) -> list[tuple[str, int, int, bool]]:
-    """The timed configurations: (dtype, D, N, causal) for each head dim and length."""
-    return [(dt, D, N, causal) for dt in ("bfloat16", "float16") for D in ds for N in ns
-            for causal in (False, True)]
+def timed(ds: list[int], ns: list[int]) -> list[dict]:
+    """The timed configurations: the benchmark matrix's rows (``kernels.bench``: dtype,
+    causal, B and H) with these head dims and lengths."""
+    return [c for c in bench.configurations(False) if c["D"] in ds and c["N"] in ns]
 
 
 def _problem(B, Hq, Hkv, Nq, Nk, D, causal) -> Problem:
@@ -93,7 +93,7 @@ def bits(old) -> list[dict]:
     return rows
 
 
-def timings(old, rounds: int, configs: list[tuple[str, int, int, bool]]) -> list[dict]:
+def timings(old, rounds: int, configs: list[dict]) -> list[dict]:
     import torch.nn.functional as F
     import triton.testing
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -103,10 +103,9 @@ def timings(old, rounds: int, configs: list[tuple[str, int, int, bool]]) -> list
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
     out = []
-    for dt, D, N, causal in configs:
+    for c in configs:
+        dt, D, N, causal, B, H = (c[x] for x in ("dtype", "D", "N", "causal", "B", "H"))
         dtype = getattr(torch, dt)
-        H = bench.HEADS
-        B = bench.TOKENS // (H * N)
         q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype) for _ in range(3))
         p = _problem(B, H, H, N, N, D, causal)
         fns = {"old": partial(old.forward, q, k, v, p), "new": partial(new.forward, q, k, v, p),
@@ -145,12 +144,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="JSON report")
     ap.add_argument("--rounds", type=int, default=5, help="timing rounds (1..50, default 5)")
     ap.add_argument("--d", default="128,64", help="timed head dims (64 and/or 128)")
-    ap.add_argument("--n", default="4096", help="timed lengths (1024..16384, powers of 2)")
+    ap.add_argument("--n", default=[4096], type=bench._ns,
+                    help="timed lengths, comma-separated, of the benchmark's 1024, 4096, 16384")
     args = ap.parse_args(argv)
     if not 1 <= args.rounds <= 50:
         ap.error(f"--rounds must be in 1..50, got {args.rounds}")
     ds = _ints(ap, "--d", args.d, {64, 128})
-    ns = _ints(ap, "--n", args.n, {1024, 2048, 4096, 8192, 16384})
     if not (torch.cuda.is_available() and new.AVAILABLE):
         raise SystemExit("gluon_fwd_ab: needs an sm_90 GPU and a Triton with Gluon")
     old = load_old(args.old)
@@ -159,7 +158,7 @@ def main(argv=None) -> int:
                triton=triton.__version__, old=str(args.old))
     rep["bits"] = bits(old)
     args.out.write_text(json.dumps(rep, indent=1))
-    rep["timings"] = timings(old, args.rounds, timed(ds, ns))
+    rep["timings"] = timings(old, args.rounds, timed(ds, args.n))
     args.out.write_text(json.dumps(rep, indent=1))
     differ = [r for r in rep["bits"] if not r["bitwise_equal"]]
     print(f"bits: {len(rep['bits']) - len(differ)} of {len(rep['bits'])} equal")
