@@ -7,6 +7,7 @@ and how a device session names its files.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import tarfile
 from pathlib import Path
@@ -60,3 +61,31 @@ def test_the_stages_phase_finds_the_launch_argument_it_rewrites():
         assert text.count("STAGES=STAGES,") == 1, name
     assert 's/STAGES=STAGES,/STAGES=($n if p.D == 64 else STAGES),/' in (
         ROOT / "scripts" / "gpu" / "session.sh").read_text()
+
+
+def test_the_device_triton_undoes_every_setting_of_the_carried_one(tmp_path):
+    """A phase under triton 3.9 (``use_triton39``, i.e. ``triton_slim.sh use``) leaves the
+    later phases of the same call under it; ``use_device_triton`` must undo every variable
+    that ``use`` exports, or the d64ab phase's "triton 3.6" half times the carried 3.9."""
+    slim = (ROOT / "scripts/gpu/triton_slim.sh").read_text()
+    use_branch = slim.split("  use)", 1)[1].split(";;", 1)[0]
+    exported = set()
+    for line in use_branch.splitlines():
+        line = line.strip()
+        if line.startswith("export "):
+            exported.update(w.split("=", 1)[0] for w in line[len("export "):].split())
+    assert {"PYTHONPATH", "TRITON_BACKENDS_IN_TREE", "TRITON_PTXAS_BLACKWELL_PATH"} <= exported
+    session = (ROOT / "scripts/gpu/session.sh").read_text()
+    func = re.search(r"^use_device_triton\(\) \{\n.*?^\}\n", session, re.S | re.M).group(0)
+    env = {"PATH": "/usr/bin:/bin", **{name: "/tmp/triton-slim" for name in exported},
+           "TRITON_CACHE_DIR": "/x/.tcache39"}
+    script = func + "use_device_triton\nenv\n"
+    proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                          env=env, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    after = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+    for name in exported - {"PYTHONPATH"}:
+        assert name not in after, name
+    assert after["PYTHONPATH"] == str(tmp_path)
+    assert after["TRITON_CACHE_DIR"] == f"{tmp_path}/.tcache"
+    assert "use_device_triton; fi" in session.split("if has d64ab", 1)[1].split("\nfi\n", 1)[0]

@@ -209,6 +209,12 @@ pack() {
 # triton 3.9 (carried in .triton) for this and the later phases, with a cache of its own;
 # what it set up goes to $R/env-NAME.txt
 use_triton39() { . scripts/gpu/triton_slim.sh use > "$R/env-$1.txt" 2>&1; export TRITON_CACHE_DIR=$PWD/.tcache39; }
+# the device's own triton again (what use_triton39 set, undone), for a phase that must time
+# under it after a phase of the same call took 3.9
+use_device_triton() {
+  unset TRITON_BACKENDS_IN_TREE TRITON_DEFAULT_FP_FUSION TRITON_PTXAS_BLACKWELL_PATH
+  export PYTHONPATH=$PWD TRITON_CACHE_DIR=$PWD/.tcache
+}
 trap pack EXIT
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -389,7 +395,7 @@ if has d64ab; then
   el d64ab
   for tv in 36 39; do
     (
-      [ $tv = 39 ] && use_triton39 d64ab39
+      if [ $tv = 39 ]; then use_triton39 d64ab39; else use_device_triton; fi
       timeout -s TERM "${D64AB_S:-270}" python3 scripts/gpu/ab_time.py --a . \
         --b "${D64AB_BASE:-.ab/BASE}" --d 64 --n "${D64AB_N:-4096,16384}" \
         --rounds "${D64AB_ROUNDS:-2}" --out "$R/d64ab-$tv.json" > "$R/d64ab-$tv.log" 2>&1
