@@ -1,0 +1,181 @@
+"""Forwards under sustained load: time per launch beside the GPU's SM clock and power.
+
+    python3 scripts/gpu/power_draw.py --out FILE.json [--dtype float16 --d 64 --n 16384]
+        [--causal] [--impls auto,off,cudnn] [--seconds 3] [--phases 4]
+
+On the H100 (power limit 700 W) the benchmark's forwards run under the software power cap:
+nvidia-smi's clock-event reason 0x4 is active in nearly every timing after the first of a
+process, and the SM clock the power controller settles on moves between rounds (1.26-1.98
+GHz), with each timing's milliseconds following it (docs/benchmarks/sweep.md round 28). A
+kernel that needs fewer cycles can then still read slower if it draws more power per cycle.
+This script runs each implementation's forward back to back for ``--seconds`` (``--phases``
+times, the order rotated each phase) while nvidia-smi logs the SM clock, the board power and
+the clock-event reasons every 100 ms, and reports per implementation: milliseconds per
+launch (wall clock over the phase), the mean SM clock and power of the phase's samples
+(its first 0.3 s left out: the clock settles), the share of samples under the power cap,
+the cycles per launch (ms x clock) and the energy per launch (ms x power).
+
+Implementations: "auto", "tile", "persistent", "off" (our forward under that
+``kernels._common.gluon`` mode; "off" is the Triton forward) and "cudnn" (SDPA's cuDNN backend).
+Inputs as the benchmark's (B*H*N = 2^20, H = 16, ``requires_grad``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import io
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+IMPLS = ("auto", "tile", "persistent", "off", "cudnn")
+# nvidia-smi's clocks_event_reasons bit for the software power cap (nvml
+# nvmlClocksEventReasonSwPowerCap = 0x4)
+SW_POWER_CAP = 0x4
+SETTLE_S = 0.3  # a phase's first samples, left out: the clock moves to its level after a switch
+QUERY = "timestamp,clocks.sm,power.draw,clocks_event_reasons.active"
+
+
+def parse_smi(text: str) -> list[tuple[float, float, float, int]]:
+    """nvidia-smi ``--query-gpu=QUERY --format=csv`` lines -> (epoch s, SM MHz, W, reasons);
+    lines that do not parse (the header, a cut last line) are skipped."""
+    out = []
+    for rec in csv.reader(io.StringIO(text)):
+        if len(rec) < 4:
+            continue
+        try:
+            t = datetime.datetime.strptime(rec[0].strip(), "%Y/%m/%d %H:%M:%S.%f").timestamp()
+            out.append((t, float(rec[1].split()[0]), float(rec[2].split()[0]),
+                        int(rec[3].strip(), 16)))
+        except (ValueError, IndexError):
+            continue
+    return out
+
+
+def join(phases: list[dict], samples: list[tuple[float, float, float, int]]) -> list[dict]:
+    """Each phase (impl, start, end, launches) with its samples' mean clock and power, the
+    share of them under the software power cap, ms, cycles and energy per launch. A phase
+    with no sample after its settling time gets None for what samples give."""
+    rows = []
+    for ph in phases:
+        ms = (ph["end"] - ph["start"]) * 1e3 / ph["launches"]
+        win = [s for s in samples if ph["start"] + SETTLE_S <= s[0] <= ph["end"]]
+        row = dict(ph, ms=ms, samples=len(win), mhz=None, watts=None, capped=None,
+                   mcycles=None, mj=None)
+        if win:
+            mhz = statistics.fmean(s[1] for s in win)
+            watts = statistics.fmean(s[2] for s in win)
+            row.update(mhz=mhz, watts=watts,
+                       capped=sum(bool(s[3] & SW_POWER_CAP) for s in win) / len(win),
+                       mcycles=ms * mhz / 1e3, mj=ms * watts)
+        rows.append(row)
+    return rows
+
+
+def summary(rows: list[dict]) -> dict:
+    """Per implementation, the median over its phases of each measure."""
+    out = {}
+    for impl in dict.fromkeys(r["impl"] for r in rows):
+        mine = [r for r in rows if r["impl"] == impl]
+        out[impl] = {key: (statistics.median(v) if (v := [r[key] for r in mine
+                                                          if r[key] is not None]) else None)
+                     for key in ("ms", "mhz", "watts", "capped", "mcycles", "mj")}
+    return out
+
+
+def _impls(text: str) -> list[str]:
+    got = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in got if s not in IMPLS]
+    if not got or bad:
+        raise argparse.ArgumentTypeError(f"--impls takes a comma list of {', '.join(IMPLS)}; "
+                                         f"got {text!r}")
+    return got
+
+
+def _run(args) -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+    from flashcheck.kernels import _common
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from flashcheck import kernels
+
+    B, H = (1 << 20) // (16 * args.n), 16
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(B, H, args.n, args.d, device="cuda", dtype=getattr(torch, args.dtype),
+                           generator=gen).requires_grad_() for _ in range(3))
+
+    def fn(impl):
+        if impl == "cudnn":
+            def run():
+                with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=args.causal)
+            return run
+
+        def ours():
+            with _common.gluon(impl):
+                return kernels.attention(q, k, v, is_causal=args.causal)
+        return ours
+
+    for impl in args.impls:  # compile, autotune, plan outside the phases
+        for _ in range(3):
+            fn(impl)()
+    torch.cuda.synchronize()
+    phases = []
+    for p in range(args.phases):
+        order = args.impls[p % len(args.impls):] + args.impls[:p % len(args.impls)]
+        for impl in order:
+            run, n = fn(impl), 0
+            t0 = time.time()
+            while time.time() - t0 < args.seconds:
+                for _ in range(8):
+                    run()
+                n += 8
+                torch.cuda.synchronize()
+            t1 = time.time()
+            phases.append(dict(phase=p, impl=impl, start=t0, end=t1, launches=n))
+            print(f"phase {p} {impl:10s} {(t1 - t0) * 1e3 / n:.3f} ms/launch", flush=True)
+    return phases
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="JSON report")
+    ap.add_argument("--dtype", choices=("bfloat16", "float16"), default="float16")
+    ap.add_argument("--d", type=int, choices=(64, 128), default=64)
+    ap.add_argument("--n", type=int, choices=(1024, 4096, 16384), default=16384)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--impls", type=_impls, default=["auto", "off", "cudnn"],
+                    help=f"comma list of {', '.join(IMPLS)} (default auto,off,cudnn)")
+    ap.add_argument("--seconds", type=float, default=3.0, help="per phase (1..30, default 3)")
+    ap.add_argument("--phases", type=int, default=4, help="alternations (1..20, default 4)")
+    args = ap.parse_args(argv)
+    if not 1 <= args.seconds <= 30:
+        ap.error(f"--seconds must be in 1..30, got {args.seconds}")
+    if not 1 <= args.phases <= 20:
+        ap.error(f"--phases must be in 1..20, got {args.phases}")
+    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv", "-lms", "100"],
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        phases = _run(args)
+    finally:
+        smi.terminate()
+        text = smi.communicate(timeout=10)[0]
+    import torch
+    import triton
+    rows = join(phases, parse_smi(text))
+    rep = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+               triton=triton.__version__, dtype=args.dtype, d=args.d, n=args.n,
+               causal=args.causal, rows=rows, summary=summary(rows))
+    with open(args.out, "w") as f:
+        json.dump(rep, f, indent=1)
+    print(json.dumps(rep["summary"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
