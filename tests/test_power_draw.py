@@ -61,3 +61,11 @@ def test_options_out_of_range_are_refused_by_name(argv, words, capsys):
         pd.main(["--out", "x.json", *argv])
     assert exc.value.code == 2
     assert words in capsys.readouterr().err
+
+
+def test_without_nvidia_smi_it_says_what_it_needs(monkeypatch, capsys):
+    monkeypatch.setattr(pd.shutil, "which", lambda name: None)
+    with pytest.raises(SystemExit) as exc:
+        pd.main(["--out", "x.json"])
+    assert exc.value.code == 2
+    assert "nvidia-smi is not on PATH" in capsys.readouterr().err

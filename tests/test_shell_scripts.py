@@ -89,3 +89,26 @@ def test_the_device_triton_undoes_every_setting_of_the_carried_one(tmp_path):
     assert after["PYTHONPATH"] == str(tmp_path)
     assert after["TRITON_CACHE_DIR"] == f"{tmp_path}/.tcache"
     assert "use_device_triton; fi" in session.split("if has d64ab", 1)[1].split("\nfi\n", 1)[0]
+
+
+def test_the_base_tree_is_the_named_one_else_the_slim_one_else_the_full_one(tmp_path):
+    """d64ab and d64ncu time the issue-time kernels from ``d64_base``: D64AB_BASE where set;
+    else .ab/SLIM (the kernels alone, small enough to carry beside .triton) where it was
+    carried; else .ab/BASE."""
+    session = (ROOT / "scripts/gpu/session.sh").read_text()
+    func = re.search(r"^d64_base\(\) \{\n.*?^\}\n", session, re.S | re.M).group(0)
+
+    def base(**env):
+        proc = subprocess.run(["bash", "-c", func + "d64_base\n"], cwd=tmp_path, text=True,
+                              capture_output=True, env={"PATH": "/usr/bin:/bin", **env},
+                              timeout=30)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    assert base() == ".ab/BASE"
+    (tmp_path / ".ab" / "SLIM" / "kernels").mkdir(parents=True)
+    assert base() == ".ab/SLIM"
+    assert base(D64AB_BASE=".ab/OTHER") == ".ab/OTHER"
+    for phase in ("d64ab", "d64ncu"):
+        body = session.split(f"if has {phase}; then", 1)[1].split("\nfi\n", 1)[0]
+        assert "d64_base" in body, phase

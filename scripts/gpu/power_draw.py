@@ -27,6 +27,7 @@ import csv
 import datetime
 import io
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -158,6 +159,9 @@ def main(argv=None) -> int:
         ap.error(f"--seconds must be in 1..30, got {args.seconds}")
     if not 1 <= args.phases <= 20:
         ap.error(f"--phases must be in 1..20, got {args.phases}")
+    if shutil.which("nvidia-smi") is None:
+        ap.error("nvidia-smi is not on PATH: this script reads the GPU's clock and power "
+                 "through it (an NVIDIA GPU and driver are needed)")
     smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv", "-lms", "100"],
                            stdout=subprocess.PIPE, text=True)
     try:

@@ -114,14 +114,23 @@
 #                                         mode in ACCEPT_FWD (default "auto tile"; auto
 #                                         and persistent only where fwdpersist's tests
 #                                         passed)
-#   bash scripts/gpu/session.sh d64ab     the D = 64 matrix rows of this checkout against
-#                                         .ab/BASE (scripts/gpu/ab_time.py) under triton 3.6,
-#                                         then 3.9 (carry .ab and .triton)
+#   bash scripts/gpu/session.sh d64ab     the D = 64 matrix rows of this checkout against the
+#                                         issue-time kernels (d64_base: .ab/SLIM or .ab/BASE;
+#                                         scripts/gpu/ab_time.py) under triton 3.6, then 3.9
+#                                         (carry that tree and .triton)
 #   bash scripts/gpu/session.sh spread    the causal forward, ours and cuDNN's, alternated over
 #                                         rounds and fresh processes (causal_spread.py, triton
 #                                         3.9, carry .triton; SPREAD_PROCS, default 5) with the
 #                                         GPU's SM clock, power, temperature and clock-event
 #                                         reasons logged every 100 ms beside it (spread-smi.csv)
+#   bash scripts/gpu/session.sh power     forwards back to back beside nvidia-smi's SM clock,
+#                                         power and power-cap reason (power_draw.py, triton 3.9,
+#                                         carry .triton): fp16 D 64 16K ours (auto, off) and
+#                                         cuDNN's, then bf16 D 128 4K causal ours and cuDNN's
+#                                         (POWER_ARGS: more options for both)
+#   bash scripts/gpu/session.sh d64ncu    ncu on the fp16 D = 64 16K forward of the issue-time
+#                                         kernels (D64AB_BASE) and of this checkout, one launch
+#                                         each (triton 3.9, carry .triton and the base tree)
 #   bash scripts/gpu/session.sh stagesab  the Gluon kernels' ring depth at D = 64 under triton 3.9
 #                                         (carry .triton): for each depth of STAGES_DEPTHS
 #                                         (default "3 4") a copy of this checkout's kernels with
@@ -209,6 +218,13 @@ pack() {
 # triton 3.9 (carried in .triton) for this and the later phases, with a cache of its own;
 # what it set up goes to $R/env-NAME.txt
 use_triton39() { . scripts/gpu/triton_slim.sh use > "$R/env-$1.txt" 2>&1; export TRITON_CACHE_DIR=$PWD/.tcache39; }
+# the issue-time kernels' tree for d64ab and d64ncu: D64AB_BASE, else .ab/SLIM (the kernels
+# alone, 0.2 MB: it fits the carry beside .triton) where carried, else .ab/BASE
+d64_base() {
+  if [ -n "${D64AB_BASE:-}" ]; then echo "$D64AB_BASE"
+  elif [ -d .ab/SLIM/kernels ]; then echo .ab/SLIM
+  else echo .ab/BASE; fi
+}
 # the device's own triton again (what use_triton39 set, undone), for a phase that must time
 # under it after a phase of the same call took 3.9
 use_device_triton() {
@@ -388,8 +404,9 @@ if has dqswz; then
 fi
 if has d64ab; then
   # the D = 64 rows that round 25 found slower than the issue-time kernels: this checkout
-  # against D64AB_BASE (default .ab/BASE: `git archive 5db18f4 kernels flashcheck verify
-  # reference pyproject.toml | tar -x -C .ab/BASE`, carry .ab) with scripts/gpu/ab_time.py,
+  # against d64_base's tree (.ab/SLIM: `mkdir -p .ab/SLIM/verify && git archive 5db18f4
+  # kernels flashcheck pyproject.toml | tar -x -C .ab/SLIM && touch
+  # .ab/SLIM/verify/__init__.py`, carry .ab/SLIM) with scripts/gpu/ab_time.py,
   # under the device's triton 3.6 and then under 3.9 (carry .triton): whether the change of
   # code or of compiler makes the difference
   el d64ab
@@ -397,7 +414,7 @@ if has d64ab; then
     (
       if [ $tv = 39 ]; then use_triton39 d64ab39; else use_device_triton; fi
       timeout -s TERM "${D64AB_S:-270}" python3 scripts/gpu/ab_time.py --a . \
-        --b "${D64AB_BASE:-.ab/BASE}" --d 64 --n "${D64AB_N:-4096,16384}" \
+        --b "$(d64_base)" --d 64 --n "${D64AB_N:-4096,16384}" \
         --rounds "${D64AB_ROUNDS:-2}" --out "$R/d64ab-$tv.json" > "$R/d64ab-$tv.log" 2>&1
     )
     el "d64ab triton $tv exit=$?"
@@ -415,6 +432,33 @@ if has spread; then
     --out "$R/causal_spread.json" > "$R/causal_spread.log" 2>&1
   el "spread exit=$?"
   kill "$smi" 2>/dev/null
+fi
+if has power; then
+  # whether ours draws more power per cycle than cuDNN's and the Triton forward: under the
+  # H100's software power cap that costs clock (sweep.md round 28)
+  el power
+  use_triton39 power
+  timeout -s TERM 200 python3 scripts/gpu/power_draw.py --out "$R/power-fp16-d64-16k.json" \
+    --impls auto,off,cudnn ${POWER_ARGS:-} > "$R/power-fp16-d64-16k.log" 2>&1
+  el "power fp16 d64 exit=$?"
+  timeout -s TERM 200 python3 scripts/gpu/power_draw.py --out "$R/power-bf16-d128-4k-causal.json" \
+    --dtype bfloat16 --d 128 --n 4096 --causal --impls auto,cudnn ${POWER_ARGS:-} \
+    > "$R/power-bf16-d128-4k-causal.log" 2>&1
+  el "power bf16 d128 causal exit=$?"
+fi
+if has d64ncu; then
+  # the D = 64 row the full bench reads ~2 % behind the issue-time forward (round 26), under
+  # ncu at one launch each: the base tree's kernels first on the path, then this checkout's
+  el d64ncu
+  use_triton39 d64ncu
+  base=$(d64_base)
+  for tree in base ours; do
+    path=$PYTHONPATH; [ $tree = base ] && path=/tmp/triton-slim:$PWD/$base
+    PYTHONPATH=$path timeout -s TERM 150 ncu --clock-control none --profile-from-start off \
+      -k regex:fwd $NCU_SECTIONS python3 scripts/gpu/profile_one.py --impl triton \
+      --dtype float16 --d 64 --n 16384 > "$R/d64ncu-$tree.log" 2>&1
+    rc=$?; el "d64ncu $tree ($([ $tree = base ] && echo "$base" || echo .)) exit=$rc"
+  done
 fi
 if has stagesab; then
   # a deeper K/V (forward) and Q/dO (backward) ring at D = 64, where a stage is half the
