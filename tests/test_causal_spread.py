@@ -40,6 +40,48 @@ def test_spread_refuses_counts_out_of_range(argv, name, capsys, tmp_path):
     assert name in capsys.readouterr().err
 
 
+def test_clocks_joins_each_timing_with_its_samples():
+    cs = load("scripts/gpu/causal_spread.py", "causal_spread_test")
+    # samples every 100 ms: (epoch s, SM MHz, W, reasons); 0x4 the software power cap
+    samples = [(10.0, 1980, 100, 0), (10.1, 1980, 110, 0), (10.2, 1500, 700, 4),
+               (10.3, 1400, 700, 4), (10.4, 1700, 690, 4), (12.0, 1300, 700, 4)]
+    rows = [dict(impl="ours", ms=1.75, start=10.0, end=10.1),     # 1980, free
+            dict(impl="ours", ms=2.10, start=10.25, end=10.3),    # 1500..1400, capped
+            dict(impl="ours", ms=1.95, start=10.4, end=10.42),    # 1700, capped
+            dict(impl="peer", ms=2.0, start=11.5, end=11.55)]     # nearest sample: 12.0
+    got = cs.clocks(rows, samples)
+    assert got["ours"]["timings"] == 3 and got["ours"]["under_cap"] == 2
+    assert got["ours"]["mhz_under_cap"] == [1400, 1700]
+    assert got["ours"]["ms_under_cap"] == [1.95, 2.10] and got["ours"]["ms_free"] == [1.75, 1.75]
+    assert got["ours"]["corr_ms_mhz"] < -0.9  # slower at a lower clock
+    assert got["peer"] == dict(timings=1, under_cap=1, mhz_under_cap=[1300, 1300],
+                               ms_under_cap=[2.0, 2.0], ms_free=None, corr_ms_mhz=None)
+
+
+def test_clocks_reads_the_committed_h100_run(capsys):
+    """The numbers sweep.md round 28 quotes, from the files committed beside it."""
+    cs = load("scripts/gpu/causal_spread.py", "causal_spread_test")
+    sweep = "docs/benchmarks/sweep/round28_"
+    assert cs.main(["--clocks", f"{sweep}causal_spread_h100.json",
+                    "--smi", f"{sweep}spread_smi_h100.csv"]) == 0
+    out = capsys.readouterr().out
+    assert "sdpa-cudnn   45 of 45 timings under the power cap at 1260-1965 MHz" in out
+    assert "triton-fa2   40 of 45 timings under the power cap" in out
+    assert "without 1.749-1.807; corr(ms, clock) -0.74" in out
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--clocks", "a.json"], "--clocks and --smi go together"),
+    (["--procs", "2"], "--out is required"),
+])
+def test_clocks_and_out_are_asked_for_by_name(argv, words, capsys):
+    cs = load("scripts/gpu/causal_spread.py", "causal_spread_test")
+    with pytest.raises(SystemExit) as exc:
+        cs.main(argv)
+    assert exc.value.code == 2
+    assert words in capsys.readouterr().err
+
+
 def test_fwd_ab_times_each_head_dim_and_length_asked_for():
     ab = load("scripts/gpu/gluon_fwd_ab.py", "gluon_fwd_ab_timed")
     got = ab.timed([64], [4096, 16384])

@@ -4,15 +4,12 @@ summarised per implementation, and its options' ranges refused with their names.
 from __future__ import annotations
 
 import datetime
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("power_draw", ROOT / "scripts/gpu/power_draw.py")
-pd = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(pd)
+from tests.script_modules import load
+
+pd = load("scripts/gpu/power_draw.py", "power_draw_test")
 
 SMI = """timestamp, clocks.current.sm [MHz], power.draw [W], clocks_event_reasons.active
 2026/12/06 14:00:00.000, 1980 MHz, 120.00 W, 0x0000000000000000
@@ -30,6 +27,17 @@ def test_the_log_parses_and_a_cut_last_line_is_skipped():
     got = pd.parse_smi(SMI)
     assert [g[1:] for g in got] == [(1980, 120.0, 0), (1500, 700.0, 4), (1700, 690.0, 0),
                                     (1400, 699.5, 4)]
+
+
+def test_the_columns_are_found_by_the_header_names():
+    """session.sh's spread log has the temperature between power and reasons, and asks
+    for clocks_throttle_reasons (printed under its newer name)."""
+    text = ("timestamp, clocks.current.sm [MHz], power.draw [W], temperature.gpu, "
+            "clocks_event_reasons.active\n"
+            "2026/12/06 14:18:53.856, 345 MHz, 72.14 W, 37, 0x0000000000000001\n")
+    assert [g[1:] for g in pd.parse_smi(text)] == [(345, 72.14, 1)]
+    # no header: QUERY's order
+    assert [g[1:] for g in pd.parse_smi(SMI.split("\n", 1)[1])][:1] == [(1980, 120.0, 0)]
 
 
 def test_a_phase_takes_its_samples_after_settling_and_derives_cycles_and_energy():

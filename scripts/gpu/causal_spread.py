@@ -1,6 +1,7 @@
 """Where the causal forward's two speeds come from: rounds, processes or tensor addresses.
 
     python3 scripts/gpu/causal_spread.py --out FILE.json [--procs 4] [--rounds 6]
+    python3 scripts/gpu/causal_spread.py --clocks FILE.json --smi SMI.csv [--out JOIN.json]
 
 The benchmark's bf16 D = 128 N = 4096 causal forward (kernels/bench.py's quick row) has read
 1.96-2.00 ms on some runs and 2.09-2.21 on others, cuDNN's 2.06-2.09 throughout
@@ -16,6 +17,12 @@ allocates Q, K and V anew behind a pad of a different size, so that the same pro
 the kernels at other addresses. FILE.json keeps every time with the round's addresses
 and, per implementation, the spread within processes (at the same and at other addresses)
 and between the processes' medians: which of the three the slow runs follow.
+
+``--clocks FILE.json --smi SMI.csv`` (no GPU) joins each timing of FILE.json with the
+nvidia-smi samples logged during it (session.sh's ``spread`` phase writes both): per
+implementation, how many timings ran under the software power cap, the SM clock under it,
+the milliseconds with and without it, and the correlation of each timing's milliseconds with
+its mean SM clock (docs/benchmarks/sweep.md round 28).
 """
 
 from __future__ import annotations
@@ -83,12 +90,67 @@ def spread(rows: list[dict]) -> dict:
     return out
 
 
+def _power_draw():
+    """scripts/gpu/power_draw.py, this script's sibling (its nvidia-smi parser)."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parent / "power_draw.py"
+    spec = importlib.util.spec_from_file_location("power_draw", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def clocks(rows: list[dict], samples: list[tuple[float, float, float, int]],
+           cap_bit: int = 0x4) -> dict:
+    """Each timing (its wall-clock ``start`` and ``end``) joined with the samples (epoch s,
+    SM MHz, W, clock-event reasons) from 50 ms before its start to 50 ms after its end (the
+    log's period is 100 ms; the nearest sample where none falls there): under the cap when
+    any of them has ``cap_bit``. Per implementation: timings, those under the cap, the
+    clock range of those, the ms ranges with and without the cap, and the Pearson
+    correlation of ms with the timing's mean clock (None with fewer than 3 timings or no
+    spread)."""
+    out = {}
+    for impl in sorted({r["impl"] for r in rows}):
+        ms, mhz, capped, lo, hi = [], [], [], [], []
+        for r in (r for r in rows if r["impl"] == impl):
+            win = [x for x in samples if r["start"] - 0.05 <= x[0] <= r["end"] + 0.05]
+            win = win or [min(samples, key=lambda x: abs(x[0] - r["start"]))]
+            ms.append(r["ms"])
+            mhz.append(statistics.fmean(x[1] for x in win))
+            capped.append(any(x[3] & cap_bit for x in win))
+            lo.append(min(x[1] for x in win))
+            hi.append(max(x[1] for x in win))
+        under = [i for i, c in enumerate(capped) if c]
+        free = [i for i, c in enumerate(capped) if not c]
+        corr = None
+        if len(ms) >= 3 and len(set(ms)) > 1 and len(set(mhz)) > 1:
+            corr = statistics.correlation(ms, mhz)
+        out[impl] = dict(
+            timings=len(ms), under_cap=len(under),
+            mhz_under_cap=[min(lo[i] for i in under), max(hi[i] for i in under)] if under else None,
+            ms_under_cap=[min(ms[i] for i in under), max(ms[i] for i in under)] if under else None,
+            ms_free=[min(ms[i] for i in free), max(ms[i] for i in free)] if free else None,
+            corr_ms_mhz=corr)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, help="JSON report")
+    ap.add_argument("--out", help="JSON report (the timings; with --clocks, the join)")
     ap.add_argument("--procs", type=int, default=4, help="fresh processes (1..16, default 4)")
     ap.add_argument("--rounds", type=int, default=6, help="rounds per process (2..40, default 6)")
+    ap.add_argument("--clocks", metavar="FILE.json",
+                    help="no GPU: join this report's timings with --smi's samples")
+    ap.add_argument("--smi", metavar="SMI.csv", help="nvidia-smi's log (with --clocks)")
     args = ap.parse_args(argv)
+    if args.clocks or args.smi:
+        if not (args.clocks and args.smi):
+            ap.error("--clocks and --smi go together: a report of this script and the "
+                     "nvidia-smi log written beside it")
+        return _clocks_main(args)
+    if not args.out:
+        ap.error("--out is required (the JSON report)")
     if not 1 <= args.procs <= 16:
         ap.error(f"--procs must be in 1..16, got {args.procs}")
     if not 2 <= args.rounds <= 40:
@@ -112,6 +174,34 @@ def main(argv=None) -> int:
     with open(args.out, "w") as f:
         json.dump(rep, f, indent=1)
     print(json.dumps(rep["spread"], indent=1))
+    return 0
+
+
+def _clocks_main(args) -> int:
+    try:
+        rows = json.loads(open(args.clocks).read())["rows"]
+        samples = _power_draw().parse_smi(open(args.smi).read())
+    except (OSError, ValueError, KeyError) as e:
+        print(f"cannot read --clocks {args.clocks} / --smi {args.smi}: {e}", file=sys.stderr)
+        return 2
+    if not samples:
+        print(f"--smi {args.smi}: no samples (timestamp, SM clock, power and clock-event "
+              "reasons columns)", file=sys.stderr)
+        return 2
+    rep = clocks(rows, samples)
+
+    def span(pair, fmt):
+        return "-" if pair is None else f"{pair[0]:{fmt}}-{pair[1]:{fmt}}"
+
+    for impl, r in rep.items():
+        corr = "n/a" if r["corr_ms_mhz"] is None else f"{r['corr_ms_mhz']:+.2f}"
+        print(f"{impl:12s} {r['under_cap']} of {r['timings']} timings under the power cap at "
+              f"{span(r['mhz_under_cap'], '.0f')} MHz; ms under it "
+              f"{span(r['ms_under_cap'], '.3f')}, without {span(r['ms_free'], '.3f')}; "
+              f"corr(ms, clock) {corr}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rep, f, indent=1)
     return 0
 
 

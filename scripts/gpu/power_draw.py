@@ -41,18 +41,32 @@ SETTLE_S = 0.3  # a phase's first samples, left out: the clock moves to its leve
 QUERY = "timestamp,clocks.sm,power.draw,clocks_event_reasons.active"
 
 
+# the columns parse_smi reads, by the names nvidia-smi's header gives them (a query's
+# aliases print under their canonical names: clocks.sm as clocks.current.sm,
+# clocks_throttle_reasons.active as clocks_event_reasons.active)
+_COLUMNS = {"timestamp": "timestamp", "clocks.current.sm": "mhz", "power.draw": "watts",
+            "clocks_event_reasons.active": "reasons"}
+
+
 def parse_smi(text: str) -> list[tuple[float, float, float, int]]:
-    """nvidia-smi ``--query-gpu=QUERY --format=csv`` lines -> (epoch s, SM MHz, W, reasons);
-    lines that do not parse (the header, a cut last line) are skipped."""
+    """nvidia-smi ``--format=csv`` log -> (epoch s, SM MHz, W, clock-event reasons) per
+    sample. The columns are found by the header's names (a log with more columns, e.g.
+    the temperature, parses the same); without a header, QUERY's order. Lines that do not
+    parse (a cut last line) are skipped."""
+    where = dict(timestamp=0, mhz=1, watts=2, reasons=3)
     out = []
     for rec in csv.reader(io.StringIO(text)):
-        if len(rec) < 4:
+        names = [c.strip().split(" [")[0] for c in rec]
+        if "timestamp" in names:
+            where = {_COLUMNS[n]: i for i, n in enumerate(names) if n in _COLUMNS}
             continue
         try:
-            t = datetime.datetime.strptime(rec[0].strip(), "%Y/%m/%d %H:%M:%S.%f").timestamp()
-            out.append((t, float(rec[1].split()[0]), float(rec[2].split()[0]),
-                        int(rec[3].strip(), 16)))
-        except (ValueError, IndexError):
+            t = datetime.datetime.strptime(rec[where["timestamp"]].strip(),
+                                           "%Y/%m/%d %H:%M:%S.%f").timestamp()
+            out.append((t, float(rec[where["mhz"]].split()[0]),
+                        float(rec[where["watts"]].split()[0]),
+                        int(rec[where["reasons"]].strip(), 16)))
+        except (ValueError, IndexError, KeyError):
             continue
     return out
 

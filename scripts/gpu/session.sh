@@ -432,6 +432,10 @@ if has spread; then
     --out "$R/causal_spread.json" > "$R/causal_spread.log" 2>&1
   el "spread exit=$?"
   kill "$smi" 2>/dev/null
+  # each timing joined with the samples logged during it (no GPU; the same on a copy later)
+  python3 scripts/gpu/causal_spread.py --clocks "$R/causal_spread.json" --smi "$R/spread-smi.csv" \
+    --out "$R/spread-clocks.json" >> "$R/causal_spread.log" 2>&1
+  el "spread clocks exit=$?"
 fi
 if has power; then
   # whether ours draws more power per cycle than cuDNN's and the Triton forward: under the
