@@ -114,7 +114,6 @@ def _impls(text: str) -> list[str]:
 def _run(args) -> list[dict]:
     import torch
     import torch.nn.functional as F
-    from flashcheck.kernels import _common
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from flashcheck import kernels
@@ -132,7 +131,7 @@ def _run(args) -> list[dict]:
             return run
 
         def ours():
-            with _common.gluon(impl):
+            with kernels._common.gluon(impl):
                 return kernels.attention(q, k, v, is_causal=args.causal)
         return ours
 

@@ -129,7 +129,7 @@
 #                                         cuDNN's, then bf16 D 128 4K causal ours and cuDNN's
 #                                         (POWER_ARGS: more options for both)
 #   bash scripts/gpu/session.sh d64ncu    ncu on the fp16 D = 64 16K forward of the issue-time
-#                                         kernels (D64AB_BASE) and of this checkout, one launch
+#                                         kernels (d64_base) and of this checkout, one launch
 #                                         each (triton 3.9, carry .triton and the base tree)
 #   bash scripts/gpu/session.sh stagesab  the Gluon kernels' ring depth at D = 64 under triton 3.9
 #                                         (carry .triton): for each depth of STAGES_DEPTHS
