@@ -49,7 +49,7 @@ def test_clocks_joins_each_timing_with_its_samples():
             dict(impl="ours", ms=2.10, start=10.25, end=10.3),    # 1500..1400, capped
             dict(impl="ours", ms=1.95, start=10.4, end=10.42),    # 1700, capped
             dict(impl="peer", ms=2.0, start=11.5, end=11.55)]     # nearest sample: 12.0
-    got = cs.clocks(rows, samples)
+    got = cs.clocks(rows, samples, cap_bit=0x4)
     assert got["ours"]["timings"] == 3 and got["ours"]["under_cap"] == 2
     assert got["ours"]["mhz_under_cap"] == [1400, 1700]
     assert got["ours"]["ms_under_cap"] == [1.95, 2.10] and got["ours"]["ms_free"] == [1.75, 1.75]

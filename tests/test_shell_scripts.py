@@ -18,6 +18,18 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted(p for p in (ROOT / "scripts").rglob("*.sh")) + [ROOT / ".ci" / "run"]
 
 
+def _session_function(name: str) -> str:
+    """The definition of session.sh's bash function NAME, to run on its own."""
+    session = (ROOT / "scripts/gpu/session.sh").read_text()
+    return re.search(rf"^{name}\(\) \{{\n.*?^\}}\n", session, re.S | re.M).group(0)
+
+
+def _session_phase(name: str) -> str:
+    """The body of session.sh's ``if has NAME; then ... fi`` block."""
+    session = (ROOT / "scripts/gpu/session.sh").read_text()
+    return session.split(f"if has {name}; then", 1)[1].split("\nfi\n", 1)[0]
+
+
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_script_parses(script):
     proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
@@ -75,8 +87,7 @@ def test_the_device_triton_undoes_every_setting_of_the_carried_one(tmp_path):
         if line.startswith("export "):
             exported.update(w.split("=", 1)[0] for w in line[len("export "):].split())
     assert {"PYTHONPATH", "TRITON_BACKENDS_IN_TREE", "TRITON_PTXAS_BLACKWELL_PATH"} <= exported
-    session = (ROOT / "scripts/gpu/session.sh").read_text()
-    func = re.search(r"^use_device_triton\(\) \{\n.*?^\}\n", session, re.S | re.M).group(0)
+    func = _session_function("use_device_triton")
     env = {"PATH": "/usr/bin:/bin", **{name: "/tmp/triton-slim" for name in exported},
            "TRITON_CACHE_DIR": "/x/.tcache39"}
     script = func + "use_device_triton\nenv\n"
@@ -88,15 +99,14 @@ def test_the_device_triton_undoes_every_setting_of_the_carried_one(tmp_path):
         assert name not in after, name
     assert after["PYTHONPATH"] == str(tmp_path)
     assert after["TRITON_CACHE_DIR"] == f"{tmp_path}/.tcache"
-    assert "use_device_triton; fi" in session.split("if has d64ab", 1)[1].split("\nfi\n", 1)[0]
+    assert "use_device_triton; fi" in _session_phase("d64ab")
 
 
 def test_the_base_tree_is_the_named_one_else_the_slim_one_else_the_full_one(tmp_path):
     """d64ab and d64ncu time the issue-time kernels from ``d64_base``: D64AB_BASE where set;
     else .ab/SLIM (the kernels alone, small enough to carry beside .triton) where it was
     carried; else .ab/BASE."""
-    session = (ROOT / "scripts/gpu/session.sh").read_text()
-    func = re.search(r"^d64_base\(\) \{\n.*?^\}\n", session, re.S | re.M).group(0)
+    func = _session_function("d64_base")
 
     def base(**env):
         proc = subprocess.run(["bash", "-c", func + "d64_base\n"], cwd=tmp_path, text=True,
@@ -110,5 +120,4 @@ def test_the_base_tree_is_the_named_one_else_the_slim_one_else_the_full_one(tmp_
     assert base() == ".ab/SLIM"
     assert base(D64AB_BASE=".ab/OTHER") == ".ab/OTHER"
     for phase in ("d64ab", "d64ncu"):
-        body = session.split(f"if has {phase}; then", 1)[1].split("\nfi\n", 1)[0]
-        assert "d64_base" in body, phase
+        assert "d64_base" in _session_phase(phase), phase

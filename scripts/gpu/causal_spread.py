@@ -91,7 +91,8 @@ def spread(rows: list[dict]) -> dict:
 
 
 def _power_draw():
-    """scripts/gpu/power_draw.py, this script's sibling (its nvidia-smi parser)."""
+    """scripts/gpu/power_draw.py, this script's sibling (its nvidia-smi parser and the
+    power-cap bit)."""
     import importlib.util
     from pathlib import Path
     path = Path(__file__).resolve().parent / "power_draw.py"
@@ -102,7 +103,7 @@ def _power_draw():
 
 
 def clocks(rows: list[dict], samples: list[tuple[float, float, float, int]],
-           cap_bit: int = 0x4) -> dict:
+           cap_bit: int) -> dict:
     """Each timing (its wall-clock ``start`` and ``end``) joined with the samples (epoch s,
     SM MHz, W, clock-event reasons) from 50 ms before its start to 50 ms after its end (the
     log's period is 100 ms; the nearest sample where none falls there): under the cap when
@@ -123,15 +124,16 @@ def clocks(rows: list[dict], samples: list[tuple[float, float, float, int]],
             hi.append(max(x[1] for x in win))
         under = [i for i, c in enumerate(capped) if c]
         free = [i for i, c in enumerate(capped) if not c]
+
+        def span(low, high, idx):
+            return [min(low[i] for i in idx), max(high[i] for i in idx)] if idx else None
+
         corr = None
         if len(ms) >= 3 and len(set(ms)) > 1 and len(set(mhz)) > 1:
             corr = statistics.correlation(ms, mhz)
-        out[impl] = dict(
-            timings=len(ms), under_cap=len(under),
-            mhz_under_cap=[min(lo[i] for i in under), max(hi[i] for i in under)] if under else None,
-            ms_under_cap=[min(ms[i] for i in under), max(ms[i] for i in under)] if under else None,
-            ms_free=[min(ms[i] for i in free), max(ms[i] for i in free)] if free else None,
-            corr_ms_mhz=corr)
+        out[impl] = dict(timings=len(ms), under_cap=len(under),
+                         mhz_under_cap=span(lo, hi, under), ms_under_cap=span(ms, ms, under),
+                         ms_free=span(ms, ms, free), corr_ms_mhz=corr)
     return out
 
 
@@ -180,7 +182,8 @@ def main(argv=None) -> int:
 def _clocks_main(args) -> int:
     try:
         rows = json.loads(open(args.clocks).read())["rows"]
-        samples = _power_draw().parse_smi(open(args.smi).read())
+        power_draw = _power_draw()
+        samples = power_draw.parse_smi(open(args.smi).read())
     except (OSError, ValueError, KeyError) as e:
         print(f"cannot read --clocks {args.clocks} / --smi {args.smi}: {e}", file=sys.stderr)
         return 2
@@ -188,7 +191,7 @@ def _clocks_main(args) -> int:
         print(f"--smi {args.smi}: no samples (timestamp, SM clock, power and clock-event "
               "reasons columns)", file=sys.stderr)
         return 2
-    rep = clocks(rows, samples)
+    rep = clocks(rows, samples, power_draw.SW_POWER_CAP)
 
     def span(pair, fmt):
         return "-" if pair is None else f"{pair[0]:{fmt}}-{pair[1]:{fmt}}"

@@ -457,11 +457,12 @@ if has d64ncu; then
   use_triton39 d64ncu
   base=$(d64_base)
   for tree in base ours; do
-    path=$PYTHONPATH; [ $tree = base ] && path=/tmp/triton-slim:$PWD/$base
+    if [ $tree = base ]; then src=$base; path=/tmp/triton-slim:$PWD/$base
+    else src=.; path=$PYTHONPATH; fi
     PYTHONPATH=$path timeout -s TERM 150 ncu --clock-control none --profile-from-start off \
       -k regex:fwd $NCU_SECTIONS python3 scripts/gpu/profile_one.py --impl triton \
       --dtype float16 --d 64 --n 16384 > "$R/d64ncu-$tree.log" 2>&1
-    rc=$?; el "d64ncu $tree ($([ $tree = base ] && echo "$base" || echo .)) exit=$rc"
+    el "d64ncu $tree ($src) exit=$?"
   done
 fi
 if has stagesab; then
