@@ -228,7 +228,7 @@ d64_base() {
 # the device's own triton again (what use_triton39 set, undone), for a phase that must time
 # under it after a phase of the same call took 3.9
 use_device_triton() {
-  unset TRITON_BACKENDS_IN_TREE TRITON_DEFAULT_FP_FUSION TRITON_PTXAS_BLACKWELL_PATH
+  unset TRITON_BACKENDS_IN_TREE TRITON_DEFAULT_FP_FUSION TRITON_PTXAS_BLACKWELL_PATH TRITON_PTXAS_PATH
   export PYTHONPATH=$PWD TRITON_CACHE_DIR=$PWD/.tcache
 }
 trap pack EXIT
