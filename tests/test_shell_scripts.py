@@ -64,6 +64,33 @@ def test_session_packs_its_results_into_one_tarball_named_plainly(tmp_path):
                 "./env-nosuch_other.txt"]
 
 
+@pytest.mark.parametrize("card, rc", [("NVIDIA H100 80GB HBM3", 3), ("NVIDIA H200", 0),
+                                      (None, 3)])
+def test_session_runs_no_phase_on_a_card_other_than_need_gpu(tmp_path, card, rc):
+    """NEED_GPU=H200 on an H100 (or with no GPU found) stops the call with exit 3 before any
+    phase, detach included, naming both cards; on an H200 the phases run."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if card is not None:
+        smi = bin_dir / "nvidia-smi"
+        smi.write_text(f"#!/bin/sh\necho '{card}'\n")
+        smi.chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "OUT": str(out),
+           "NEED_GPU": "H200"}
+    # refused: asked to detach (nothing may start); allowed: a phase run in place
+    args = ["detach", "nosuch"] if rc else ["nosuch"]
+    proc = subprocess.run(["bash", str(ROOT / "scripts/gpu/session.sh"), *args],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == rc, proc.stderr
+    if rc:
+        assert "NEED_GPU=H200" in proc.stderr and (card or "none found") in proc.stderr
+        assert not (tmp_path / "gpu_out").exists() and not list(out.iterdir())
+    else:
+        assert [p.name for p in out.iterdir()] == ["gpu.tgz"]
+
+
 def test_the_stages_phase_finds_the_launch_argument_it_rewrites():
     """session.sh's stagesab phase makes its trees by rewriting ``STAGES=STAGES,`` in both
     Gluon modules' launches (and skips a depth when it finds it in fewer): the argument is

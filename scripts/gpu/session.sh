@@ -172,8 +172,18 @@
 #                                         compile (no GPU), then trace on bwdrace-hazards.log
 #                                         (BWDRACE_BG=1: beside the phases after it)
 # Several phases may share one call (session.sh throughput peers); they run in this file's order.
+# NEED_GPU=H200 (any part of nvidia-smi's name): on another card the call stops at once with
+# exit 3 before any phase (a machine named for the H200 may be an H100: a call that only
+# counts there then costs its start, not the phases' minutes).
 set -uo pipefail
 : "${1:?phase}"
+if [ -n "${NEED_GPU:-}" ]; then
+  gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  if [[ "$gpu_name" != *"$NEED_GPU"* ]]; then
+    echo "session.sh: NEED_GPU=$NEED_GPU but this machine's GPU is '${gpu_name:-none found}'; no phase run" >&2
+    exit 3
+  fi
+fi
 if [ "$1" = detach ]; then
   shift; mkdir -p gpu_out; rm -f gpu_out/campaigns.done
   OUT=/tmp/detached-out setsid bash -c "mkdir -p /tmp/detached-out; bash $0 $*; touch gpu_out/campaigns.done" \
