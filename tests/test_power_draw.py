@@ -3,13 +3,20 @@ summarised per implementation, and its options' ranges refused with their names.
 
 from __future__ import annotations
 
+import argparse
 import datetime
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from tests.script_modules import load
 
 pd = load("scripts/gpu/power_draw.py", "power_draw_test")
+ROOT = Path(__file__).resolve().parent.parent
 
 SMI = """timestamp, clocks.current.sm [MHz], power.draw [W], clocks_event_reasons.active
 2026/12/06 14:00:00.000, 1980 MHz, 120.00 W, 0x0000000000000000
@@ -63,6 +70,8 @@ def test_a_phase_takes_its_samples_after_settling_and_derives_cycles_and_energy(
     (["--seconds", "0.5"], "--seconds must be in 1..30"),
     (["--phases", "0"], "--phases must be in 1..20"),
     (["--n", "2048"], "--n: invalid choice"),
+    (["--base", "/nonexistent/tree"], "--base must be a checkout's tree holding flashcheck"),
+    (["--impls", "auto,base"], "--impls names base, which needs --base TREE"),
 ])
 def test_options_out_of_range_are_refused_by_name(argv, words, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -77,3 +86,43 @@ def test_without_nvidia_smi_it_says_what_it_needs(monkeypatch, capsys):
         pd.main(["--out", "x.json"])
     assert exc.value.code == 2
     assert "nvidia-smi is not on PATH" in capsys.readouterr().err
+
+
+def test_the_worker_answers_each_request_with_one_phase_and_stops_on_an_empty_line():
+    import io
+    calls = []
+    out = io.StringIO()
+    pd._serve(lambda: calls.append(1), lambda: None, ["0.01\n", "0.01\n", "\n", "5\n"], out)
+    replies = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert len(replies) == 2  # the empty line stopped it before the 5-second request
+    assert sum(r["launches"] for r in replies) == len(calls)
+    assert all(r["launches"] % 8 == 0 and r["end"] - r["start"] >= 0.01 for r in replies)
+
+
+def _fake_tree(root, init: str):
+    (root / "flashcheck" / "kernels").mkdir(parents=True)
+    (root / "flashcheck" / "__init__.py").write_text("")
+    (root / "flashcheck" / "kernels" / "__init__.py").write_text(init)
+    return root
+
+
+def test_the_base_tree_is_imported_ahead_of_this_checkout(tmp_path):
+    """``_load_tree`` puts the tree first, so the worker runs that tree's kernels even with
+    this checkout on PYTHONPATH (as session.sh sets it)."""
+    tree = _fake_tree(tmp_path / "base", "TREE = 'base'\n")
+    code = ("import importlib.util, sys\n"
+            f"spec = importlib.util.spec_from_file_location('pd', {str(pd.__file__)!r})\n"
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+            f"print(m._load_tree({str(tree)!r}).TREE)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "base"
+
+
+def test_a_base_worker_that_dies_before_its_forward_is_an_error_naming_the_tree(tmp_path):
+    tree = _fake_tree(tmp_path / "broken", "raise ImportError('no kernels here')\n")
+    args = argparse.Namespace(base=str(tree), dtype="float16", d=64, n=1024, causal=False)
+    with pytest.raises(RuntimeError, match=r"--base worker \(.*broken\) stopped before its "
+                                           r"forward ran \(exit 1\)"):
+        pd._Base(args)

@@ -148,3 +148,28 @@ def test_the_base_tree_is_the_named_one_else_the_slim_one_else_the_full_one(tmp_
     assert base(D64AB_BASE=".ab/OTHER") == ".ab/OTHER"
     for phase in ("d64ab", "d64ncu"):
         assert "d64_base" in _session_phase(phase), phase
+
+
+def test_the_power_phase_times_the_base_tree_only_where_it_was_carried(tmp_path):
+    """The D = 64 power row passes ``--base`` d64_base's tree when that tree holds a
+    flashcheck package, and nothing extra otherwise (the run must not fail for its lack)."""
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "python3").write_text('#!/bin/sh\necho "python3 $*"\n')
+    (stub / "python3").chmod(0o755)
+    script = (_session_function("d64_base")
+              + "el() { :; }\nuse_triton39() { :; }\nR=$PWD/r; mkdir -p $R\n"
+              + _session_phase("power") + "\ncat r/power-fp16-d64-16k.log\n")
+
+    def d64_call():
+        proc = subprocess.run(["bash", "-c", "set -u\n" + script], cwd=tmp_path, text=True,
+                              capture_output=True, timeout=30,
+                              env={"PATH": f"{stub}:/usr/bin:/bin"})
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip().splitlines()[0]
+
+    assert "--base" not in d64_call()
+    (tmp_path / ".ab" / "SLIM" / "flashcheck").mkdir(parents=True)
+    (tmp_path / ".ab" / "SLIM" / "kernels").mkdir()
+    (tmp_path / ".ab" / "SLIM" / "flashcheck" / "__init__.py").write_text("")
+    assert d64_call().endswith("--impls auto,off,cudnn --base .ab/SLIM")

@@ -1,7 +1,7 @@
 """Forwards under sustained load: time per launch beside the GPU's SM clock and power.
 
     python3 scripts/gpu/power_draw.py --out FILE.json [--dtype float16 --d 64 --n 16384]
-        [--causal] [--impls auto,off,cudnn] [--seconds 3] [--phases 4]
+        [--causal] [--impls auto,off,cudnn] [--base TREE] [--seconds 3] [--phases 4]
 
 On the H100 (power limit 700 W) the benchmark's forwards run under the software power cap:
 nvidia-smi's clock-event reason 0x4 is active in nearly every timing after the first of a
@@ -17,7 +17,12 @@ the cycles per launch (ms x clock) and the energy per launch (ms x power).
 
 Implementations: "auto", "tile", "persistent", "off" (our forward under that
 ``kernels._common.gluon`` mode; "off" is the Triton forward) and "cudnn" (SDPA's cuDNN backend).
-Inputs as the benchmark's (B*H*N = 2^20, H = 16, ``requires_grad``).
+``--base TREE`` adds "base": the forward of another checkout's kernels (e.g. the issue-time
+tree, ``git archive 5db18f4 kernels flashcheck pyproject.toml``), under its own defaults. Its
+``flashcheck`` package cannot share a process with this one, so it runs in a worker process
+that compiles first and then times one phase per request; the phases still alternate on the
+one GPU, beside the one nvidia-smi log. Inputs as the benchmark's (B*H*N = 2^20, H = 16,
+``requires_grad``; the same seed in both processes).
 """
 
 from __future__ import annotations
@@ -27,13 +32,14 @@ import csv
 import datetime
 import io
 import json
+import os
 import shutil
 import statistics
 import subprocess
 import sys
 import time
 
-IMPLS = ("auto", "tile", "persistent", "off", "cudnn")
+IMPLS = ("auto", "tile", "persistent", "off", "cudnn", "base")
 # nvidia-smi's clocks_event_reasons bit for the software power cap (nvml
 # nvmlClocksEventReasonSwPowerCap = 0x4)
 SW_POWER_CAP = 0x4
@@ -111,6 +117,94 @@ def _impls(text: str) -> list[str]:
     return got
 
 
+def _phase(run, sync, seconds: float) -> tuple[float, float, int]:
+    """``run`` back to back, 8 launches between synchronisations, for ``seconds``:
+    (start, end, launches), wall clock."""
+    n, t0 = 0, time.time()
+    while time.time() - t0 < seconds:
+        for _ in range(8):
+            run()
+        n += 8
+        sync()
+    return t0, time.time(), n
+
+
+def _serve(run, sync, lines, out) -> None:
+    """The worker's loop: each request line is a phase's seconds, each reply one JSON line
+    {"start", "end", "launches"}; an empty line or the end of input stops it."""
+    for line in lines:
+        if not line.strip():
+            return
+        t0, t1, n = _phase(run, sync, float(line))
+        out.write(json.dumps(dict(start=t0, end=t1, launches=n)) + "\n")
+        out.flush()
+
+
+def _load_tree(tree: str):
+    """The ``flashcheck.kernels`` package of the checkout at ``tree`` (put first on the
+    path before anything imports flashcheck: this process then runs that tree alone)."""
+    sys.path.insert(0, tree)
+    from flashcheck import kernels
+    return kernels
+
+
+def _inputs(args):
+    import torch
+    B, H = (1 << 20) // (16 * args.n), 16
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    return [torch.randn(B, H, args.n, args.d, device="cuda", dtype=getattr(torch, args.dtype),
+                        generator=gen).requires_grad_() for _ in range(3)]
+
+
+def _worker(args) -> int:
+    """``--worker``: the base tree's forward, compiled, then timed per request on stdin."""
+    import torch
+    kernels = _load_tree(args.base)
+    q, k, v = _inputs(args)
+
+    def run():
+        return kernels.attention(q, k, v, is_causal=args.causal)
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+    print("ready", flush=True)
+    _serve(run, torch.cuda.synchronize, sys.stdin, sys.stdout)
+    return 0
+
+
+class _Base:
+    """The worker process of ``--base``: started (and compiled) before the phases."""
+
+    def __init__(self, args):
+        cmd = [sys.executable, __file__, "--worker", "--out", "-", "--base", args.base,
+               "--dtype", args.dtype, "--d", str(args.d), "--n", str(args.n)]
+        self.proc = subprocess.Popen(cmd + (["--causal"] if args.causal else []),
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.tree = args.base
+        self._reply("ready", "before its forward ran")
+
+    def _reply(self, starts: str, when: str) -> str:
+        """The worker's next line that starts with ``starts``; what else it prints goes to
+        stderr. A worker that exits first raises, naming the tree and its exit status."""
+        for line in self.proc.stdout:
+            if line.startswith(starts):
+                return line
+            sys.stderr.write(line)
+        raise RuntimeError(f"the --base worker ({self.tree}) stopped {when} "
+                           f"(exit {self.proc.wait()}); its error is above")
+
+    def phase(self, seconds: float) -> tuple[float, float, int]:
+        self.proc.stdin.write(f"{seconds}\n")
+        self.proc.stdin.flush()
+        got = json.loads(self._reply("{", "mid-run"))
+        return got["start"], got["end"], got["launches"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+
+
 def _run(args) -> list[dict]:
     import torch
     import torch.nn.functional as F
@@ -118,10 +212,7 @@ def _run(args) -> list[dict]:
 
     from flashcheck import kernels
 
-    B, H = (1 << 20) // (16 * args.n), 16
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(B, H, args.n, args.d, device="cuda", dtype=getattr(torch, args.dtype),
-                           generator=gen).requires_grad_() for _ in range(3))
+    q, k, v = _inputs(args)
 
     def fn(impl):
         if impl == "cudnn":
@@ -135,24 +226,26 @@ def _run(args) -> list[dict]:
                 return kernels.attention(q, k, v, is_causal=args.causal)
         return ours
 
-    for impl in args.impls:  # compile, autotune, plan outside the phases
+    local = [impl for impl in args.impls if impl != "base"]
+    for impl in local:  # compile, autotune, plan outside the phases
         for _ in range(3):
             fn(impl)()
     torch.cuda.synchronize()
+    base = _Base(args) if "base" in args.impls else None
     phases = []
-    for p in range(args.phases):
-        order = args.impls[p % len(args.impls):] + args.impls[:p % len(args.impls)]
-        for impl in order:
-            run, n = fn(impl), 0
-            t0 = time.time()
-            while time.time() - t0 < args.seconds:
-                for _ in range(8):
-                    run()
-                n += 8
-                torch.cuda.synchronize()
-            t1 = time.time()
-            phases.append(dict(phase=p, impl=impl, start=t0, end=t1, launches=n))
-            print(f"phase {p} {impl:10s} {(t1 - t0) * 1e3 / n:.3f} ms/launch", flush=True)
+    try:
+        for p in range(args.phases):
+            order = args.impls[p % len(args.impls):] + args.impls[:p % len(args.impls)]
+            for impl in order:
+                if impl == "base":
+                    t0, t1, n = base.phase(args.seconds)
+                else:
+                    t0, t1, n = _phase(fn(impl), torch.cuda.synchronize, args.seconds)
+                phases.append(dict(phase=p, impl=impl, start=t0, end=t1, launches=n))
+                print(f"phase {p} {impl:10s} {(t1 - t0) * 1e3 / n:.3f} ms/launch", flush=True)
+    finally:
+        if base is not None:
+            base.close()
     return phases
 
 
@@ -165,6 +258,8 @@ def main(argv=None) -> int:
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--impls", type=_impls, default=["auto", "off", "cudnn"],
                     help=f"comma list of {', '.join(IMPLS)} (default auto,off,cudnn)")
+    ap.add_argument("--base", help="another checkout's tree: its forward as impl \"base\"")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--seconds", type=float, default=3.0, help="per phase (1..30, default 3)")
     ap.add_argument("--phases", type=int, default=4, help="alternations (1..20, default 4)")
     args = ap.parse_args(argv)
@@ -172,6 +267,19 @@ def main(argv=None) -> int:
         ap.error(f"--seconds must be in 1..30, got {args.seconds}")
     if not 1 <= args.phases <= 20:
         ap.error(f"--phases must be in 1..20, got {args.phases}")
+    if args.base is not None:
+        if not os.path.isfile(os.path.join(args.base, "flashcheck", "__init__.py")):
+            ap.error(f"--base must be a checkout's tree holding flashcheck/__init__.py, got "
+                     f"{args.base!r}")
+        args.base = os.path.abspath(args.base)
+        if "base" not in args.impls:
+            args.impls = [*args.impls, "base"]
+    elif "base" in args.impls:
+        ap.error("--impls names base, which needs --base TREE")
+    if args.worker:
+        if args.base is None:
+            ap.error("--worker needs --base TREE")
+        return _worker(args)
     if shutil.which("nvidia-smi") is None:
         ap.error("nvidia-smi is not on PATH: this script reads the GPU's clock and power "
                  "through it (an NVIDIA GPU and driver are needed)")
@@ -187,7 +295,7 @@ def main(argv=None) -> int:
     rows = join(phases, parse_smi(text))
     rep = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                triton=triton.__version__, dtype=args.dtype, d=args.d, n=args.n,
-               causal=args.causal, rows=rows, summary=summary(rows))
+               causal=args.causal, base=args.base, rows=rows, summary=summary(rows))
     with open(args.out, "w") as f:
         json.dump(rep, f, indent=1)
     print(json.dumps(rep["summary"], indent=1))

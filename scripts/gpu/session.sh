@@ -125,8 +125,9 @@
 #                                         reasons logged every 100 ms beside it (spread-smi.csv)
 #   bash scripts/gpu/session.sh power     forwards back to back beside nvidia-smi's SM clock,
 #                                         power and power-cap reason (power_draw.py, triton 3.9,
-#                                         carry .triton): fp16 D 64 16K ours (auto, off) and
-#                                         cuDNN's, then bf16 D 128 4K causal ours and cuDNN's
+#                                         carry .triton): fp16 D 64 16K ours (auto, off),
+#                                         cuDNN's and the issue-time tree's (d64_base, where
+#                                         carried), then bf16 D 128 4K causal ours and cuDNN's
 #                                         (POWER_ARGS: more options for both)
 #   bash scripts/gpu/session.sh d64ncu    ncu on the fp16 D = 64 16K forward of the issue-time
 #                                         kernels (d64_base) and of this checkout, one launch
@@ -450,10 +451,13 @@ fi
 if has power; then
   # whether ours draws more power per cycle than cuDNN's and the Triton forward: under the
   # H100's software power cap that costs clock (sweep.md round 28)
+  # (round 29: all at the cap, ours the lowest power per cycle); the D = 64 row beside the
+  # issue-time forward too where its tree is carried (d64_base: a worker process of its own)
   el power
   use_triton39 power
-  timeout -s TERM 200 python3 scripts/gpu/power_draw.py --out "$R/power-fp16-d64-16k.json" \
-    --impls auto,off,cudnn ${POWER_ARGS:-} > "$R/power-fp16-d64-16k.log" 2>&1
+  power_base=(); [ -f "$(d64_base)/flashcheck/__init__.py" ] && power_base=(--base "$(d64_base)")
+  timeout -s TERM 240 python3 scripts/gpu/power_draw.py --out "$R/power-fp16-d64-16k.json" \
+    --impls auto,off,cudnn "${power_base[@]}" ${POWER_ARGS:-} > "$R/power-fp16-d64-16k.log" 2>&1
   el "power fp16 d64 exit=$?"
   timeout -s TERM 200 python3 scripts/gpu/power_draw.py --out "$R/power-bf16-d128-4k-causal.json" \
     --dtype bfloat16 --d 128 --n 4096 --causal --impls auto,cudnn ${POWER_ARGS:-} \
