@@ -129,6 +129,13 @@ def _phase(run, sync, seconds: float) -> tuple[float, float, int]:
     return t0, time.time(), n
 
 
+def _warm(run, sync) -> None:
+    """Three calls before the phases (compile, autotune, plan), then a synchronisation."""
+    for _ in range(3):
+        run()
+    sync()
+
+
 def _serve(run, sync, lines, out) -> None:
     """The worker's loop: each request line is a phase's seconds, each reply one JSON line
     {"start", "end", "launches"}; an empty line or the end of input stops it."""
@@ -164,9 +171,7 @@ def _worker(args) -> int:
 
     def run():
         return kernels.attention(q, k, v, is_causal=args.causal)
-    for _ in range(3):
-        run()
-    torch.cuda.synchronize()
+    _warm(run, torch.cuda.synchronize)
     print("ready", flush=True)
     _serve(run, torch.cuda.synchronize, sys.stdin, sys.stdout)
     return 0
@@ -226,11 +231,9 @@ def _run(args) -> list[dict]:
                 return kernels.attention(q, k, v, is_causal=args.causal)
         return ours
 
-    local = [impl for impl in args.impls if impl != "base"]
-    for impl in local:  # compile, autotune, plan outside the phases
-        for _ in range(3):
-            fn(impl)()
-    torch.cuda.synchronize()
+    for impl in args.impls:
+        if impl != "base":  # the worker warms its own
+            _warm(fn(impl), torch.cuda.synchronize)
     base = _Base(args) if "base" in args.impls else None
     phases = []
     try:

@@ -449,13 +449,14 @@ if has spread; then
   el "spread clocks exit=$?"
 fi
 if has power; then
-  # whether ours draws more power per cycle than cuDNN's and the Triton forward: under the
-  # H100's software power cap that costs clock (sweep.md round 28)
-  # (round 29: all at the cap, ours the lowest power per cycle); the D = 64 row beside the
-  # issue-time forward too where its tree is carried (d64_base: a worker process of its own)
+  # whether ours draws more power per cycle than cuDNN's and the Triton forward, which under
+  # the H100's software power cap costs clock (sweep.md round 28; round 29: all at the cap,
+  # ours the lowest per cycle); the D = 64 row beside the issue-time forward too where its
+  # tree is carried (d64_base, timed in a worker process of its own)
   el power
   use_triton39 power
-  power_base=(); [ -f "$(d64_base)/flashcheck/__init__.py" ] && power_base=(--base "$(d64_base)")
+  base=$(d64_base); power_base=()
+  [ -f "$base/flashcheck/__init__.py" ] && power_base=(--base "$base")
   timeout -s TERM 240 python3 scripts/gpu/power_draw.py --out "$R/power-fp16-d64-16k.json" \
     --impls auto,off,cudnn "${power_base[@]}" ${POWER_ARGS:-} > "$R/power-fp16-d64-16k.log" 2>&1
   el "power fp16 d64 exit=$?"
