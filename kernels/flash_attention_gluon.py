@@ -1,21 +1,31 @@
-"""The FA2-order forward for Hopper in Gluon: warp-specialised, two consumer warpgroups.
+"""The FA2-order forward for Hopper in Gluon: warp-specialised, two or three consumer
+warpgroups.
 
 Gluon (``triton.experimental.gluon``) is Triton's lower-level language: layouts, shared
 memory, mbarriers, TMA and ``wgmma`` are explicit. Triton's pipeliner waits on every score
 product right after issuing it (docs/benchmarks/sweep.md rounds 11 and 14), so a tile's
-exponentials never run under the next tile's products; here they do. Per program (128 query
-rows of one batch and head):
+exponentials never run under the next tile's products; here they do. Per program (NC · 64
+query rows of one batch and head; NC, the consumers, ``CONSUMERS`` by head dim: 2 at D = 128,
+3 at D = 64, as FlashAttention-3 tiles them):
 
 - a producer warp (``_loads``) issues every TMA load: Q once per warpgroup, then K and V
-  tile by tile into ``STAGES``-deep rings, refilling a slot once both consumers released it
-  (its ``empty`` mbarrier counts two arrivals);
-- two consumer warpgroups (``_consume``, 4 warps each, 64 query rows each, partitions of
+  tile by tile into ``STAGES``-deep rings, refilling a slot once every consumer released it
+  (its ``empty`` mbarrier counts NC arrivals);
+- NC consumer warpgroups (``_consume``, 4 warps each, 64 query rows each, partitions of
   their own so that their barriers span 128 threads and they drift freely) run
   FlashAttention-3's order per key tile j (``_attend``): issue S(j+1) = Q K(j+1)ᵀ, rescale
   O, issue O += P(j) V(j), then wait for S(j+1) and run its softmax while P(j) V(j) still
   runs (a store of the row sums to shared memory keeps ptxas from placing the wait for
   P(j) V(j) ahead of the exponentials: ``_attend``); each ends with its own epilogue
-  (lse; O through its Q buffer, free by then, and a TMA store).
+  (lse; O through its Q buffer, free by then, and a TMA store). P is rounded to the input
+  dtype in the operand layout of P V as soon as the softmax has made it, so that its fp32
+  copy is dead before the wait (at D = 64 the three consumers' 160 registers then hold S,
+  P and O with few spills: ``scripts/ptxas_report.py``);
+- where the query length is not a multiple of the program's rows (NC = 3: 1024, 4096 and
+  16384 are not multiples of 192), the last tile's consumers past the queries compute and
+  store nothing (``_skip``): they take their Q and release every key tile, so that the
+  barriers' phases run on as in a whole tile. Every consumer computes its 64 rows as in any
+  other tile: the bits do not depend on NC.
 
 The persistent grid, ``_fwd_persistent_kernel``: one program per multiprocessor over every
 tile (``_tile``: a (batch, head)'s query tiles consecutive, so that the programs running at
@@ -77,14 +87,33 @@ try:  # pragma: no cover - depends on the installed Triton
 except ImportError:  # pragma: no cover
     AVAILABLE = False
 
-BLOCK_M = 64  # query rows per consumer warpgroup (two per program)
+BLOCK_M = 64  # query rows per consumer warpgroup
 BLOCK_N = 128  # keys per tile
 STAGES = 2  # K/V ring depth: 2 x 2 x 32 KiB at D = 128, beside Q's 2 x 16 KiB
-# 12 warps allocated (4 + 4 + 1, by warpgroup): 65536 / 384 = 170 registers each, rounded
-# down to setmaxnreg's multiple of 8; the producer's warpgroup keeps 24 per thread (the
-# least setmaxnreg allows) and the two consumers get (168·384 − 24·128) / 256 = 240 (the
-# worker budgets in _fwd_kernel's warp_specialize call).
-MAXNREG = 168
+# Consumer warpgroups per program by head dim (2 or 3): a program's tile is CONSUMERS · 64
+# query rows, each K/V tile loaded serves them all. Three fit D = 64 only (their S, P and O
+# in 160 registers; shared memory 112 KiB); at D = 128 two.
+CONSUMERS = {128: 2, 64: 3}
+PRODUCER_REGS = 24  # the producer warp's registers per thread: the least setmaxnreg allows
+MAXNREG = 168  # the two-consumer kernel's (regs(2)[0])
+
+
+def regs(nc: int) -> tuple[int, int]:
+    """(maxnreg, the consumers' setmaxnreg) of a program with ``nc`` consumer warpgroups and
+    the producer's: (nc + 1) warpgroups share the 65536 registers of a multiprocessor, each
+    count rounded down to setmaxnreg's multiple of 8; the producer keeps PRODUCER_REGS and
+    the consumers split the rest. Two: 65536 / 384 → 168, (168·384 − 24·128) / 256 = 240;
+    three: 65536 / 512 = 128, (128·512 − 24·128) / 384 → 160."""
+    if nc not in (2, 3):
+        raise ValueError(f"consumers per program must be 2 or 3, got {nc}")
+    threads = 128 * (nc + 1)
+    maxnreg = 65536 // threads // 8 * 8
+    return maxnreg, (maxnreg * threads - PRODUCER_REGS * 128) // (128 * nc) // 8 * 8
+
+
+def consumers(head_dim: int) -> int:
+    """Consumer warpgroups per program for this head dim (:data:`CONSUMERS`)."""
+    return CONSUMERS.get(head_dim, 2)
 LAUNCHES = [0]  # calls of forward() since import (tests and the GPU session read it)
 
 if AVAILABLE:
@@ -110,10 +139,11 @@ if AVAILABLE:
         """The producer warp (see the module docstring); the sizes come from the buffers'
         shapes."""
         (q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bars, k_ready,
-         k_empty, v_ready, v_empty, q_row0, kv_row0, lse_row0, start_m, n_tiles,
+         k_empty, v_ready, v_empty, q_row0, kv_row0, lse_row0, start_m, n_tiles, N_Q,
          qk_scale, held) = args
+        NC: gl.constexpr = q_smem.type.shape[0]
         BM: gl.constexpr = q_smem.type.shape[1]
-        for c in gl.static_range(2):
+        for c in gl.static_range(NC):  # (a block past the queries too: see _skip)
             mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
             _tma_load(q_desc, [q_row0 + start_m + c * BM, 0], q_bars.index(c),
                       q_smem.index(c))
@@ -124,7 +154,7 @@ if AVAILABLE:
     def _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, kv_row0,
                  base, n_tiles):
         """``n_tiles`` K and V tiles from row ``kv_row0`` into the rings, the first at ring
-        position ``base``, each slot refilled once both consumers released it."""
+        position ``base``, each slot refilled once every consumer released it."""
         BN: gl.constexpr = k_smem.type.shape[1]
         NS: gl.constexpr = k_smem.type.shape[0]
         for j in range(n_tiles):
@@ -187,41 +217,86 @@ if AVAILABLE:
         mbarrier.arrive(k_empty.index(base % NS), count=1)
         p, alpha, l_i, m_i = _softmax(s, m_i, l_i, my_m, 0, qk_scale, BM, BN, CAUSAL,
                                       s_layout)
+        p = gl.convert_layout(p.to(dtype), p_layout)
 
-        for j in range(0, n_own - 1):
-            stage = (base + j) % NS
-            nxt = (base + j + 1) % NS
-            mbarrier.wait(k_ready.index(nxt), ((base + j + 1) // NS) & 1)
-            mbarrier.wait(v_ready.index(stage), ((base + j) // NS) & 1)
-            s_next = warpgroup_mma(qs, k_smem.index(nxt).permute((1, 0)), s_zero,
-                                   use_acc=False, is_async=True)
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, orow), 1)
-            acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(stage),
-                                acc, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next, ))
-            mbarrier.arrive(k_empty.index(nxt), count=1)
-            p, alpha, l_i, m_i = _softmax(s, m_i, l_i, my_m, (j + 1) * BN, qk_scale, BM, BN,
-                                          CAUSAL, s_layout)
-            held.store(l_i)  # every exponential before the wait (see the docstring)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            mbarrier.arrive(v_empty.index(stage), count=1)
+        if CAUSAL:  # key tiles wholly below the diagonal, then those it crosses
+            n_free = gl.minimum(my_m // BN, n_own)
+            for j in range(0, n_free - 1):
+                acc, p, alpha, l_i, m_i = _step(qs, k_smem, v_smem, k_ready, k_empty, v_ready,
+                                                v_empty, held, base, j, acc, p, alpha, l_i,
+                                                m_i, my_m, qk_scale, False, s_zero, p_layout)
+            for j in range(gl.maximum(n_free - 1, 0), n_own - 1):
+                acc, p, alpha, l_i, m_i = _step(qs, k_smem, v_smem, k_ready, k_empty, v_ready,
+                                                v_empty, held, base, j, acc, p, alpha, l_i,
+                                                m_i, my_m, qk_scale, True, s_zero, p_layout)
+        else:
+            for j in range(0, n_own - 1):
+                acc, p, alpha, l_i, m_i = _step(qs, k_smem, v_smem, k_ready, k_empty, v_ready,
+                                                v_empty, held, base, j, acc, p, alpha, l_i,
+                                                m_i, my_m, qk_scale, False, s_zero, p_layout)
         if RELEASE_Q:  # the last Q Kᵀ product has completed
             mbarrier.arrive(q_free, count=1)
 
         j = base + n_own - 1
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, orow), 1)
         mbarrier.wait(v_ready.index(j % NS), (j // NS) & 1)
-        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(j % NS),
-                            acc, is_async=True)
+        acc = warpgroup_mma(p, v_smem.index(j % NS), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(v_empty.index(j % NS), count=1)
-        for t in range(base + n_own, base + n_tiles):
+        _release(k_ready, k_empty, v_ready, v_empty, base + n_own, base + n_tiles)
+        return acc, l_i, m_i
+
+    @gluon.jit
+    def _step(qs, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, held, base, j, acc, p,
+              alpha, l_i, m_i, my_m, qk_scale, MASK: gl.constexpr, s_zero, p_layout):
+        """One key tile of :func:`_attend`'s loop: S(j+1) issued, O rescaled, P(j) V(j)
+        issued, S(j+1)'s softmax (``MASK``: the causal mask on it) under P(j) V(j)."""
+        NS: gl.constexpr = k_smem.type.shape[0]
+        BM: gl.constexpr = qs.type.shape[0]
+        BN: gl.constexpr = k_smem.type.shape[1]
+        orow: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+        stage = (base + j) % NS
+        nxt = (base + j + 1) % NS
+        mbarrier.wait(k_ready.index(nxt), ((base + j + 1) // NS) & 1)
+        mbarrier.wait(v_ready.index(stage), ((base + j) // NS) & 1)
+        s_next = warpgroup_mma(qs, k_smem.index(nxt).permute((1, 0)), s_zero, use_acc=False,
+                               is_async=True)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, orow), 1)
+        acc = warpgroup_mma(p, v_smem.index(stage), acc, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next, ))
+        mbarrier.arrive(k_empty.index(nxt), count=1)
+        p, alpha, l_i, m_i = _softmax(s, m_i, l_i, my_m, (j + 1) * BN, qk_scale, BM, BN, MASK,
+                                      s_zero.type.layout)
+        p = gl.convert_layout(p.to(qs.dtype), p_layout)
+        held.store(l_i)  # every exponential before the wait (see _attend's docstring)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(v_empty.index(stage), count=1)
+        return acc, p, alpha, l_i, m_i
+
+    @gluon.jit
+    def _release(k_ready, k_empty, v_ready, v_empty, lo, hi):
+        """Ring positions ``lo`` to ``hi`` (exclusive) waited for and released, not read:
+        the other warpgroups' arrivals then complete each slot's phase."""
+        NS: gl.constexpr = k_ready.type.shape[0]
+        for t in range(lo, hi):
             ph = (t // NS) & 1
             mbarrier.wait(k_ready.index(t % NS), ph)
             mbarrier.arrive(k_empty.index(t % NS), count=1)
             mbarrier.wait(v_ready.index(t % NS), ph)
             mbarrier.arrive(v_empty.index(t % NS), count=1)
-        return acc, l_i, m_i
+
+    @gluon.jit
+    def _skip(q_bar, q_phase, q_free, k_ready, k_empty, v_ready, v_empty, base, n_tiles,
+              RELEASE_Q: gl.constexpr):
+        """A consumer warpgroup whose 64 rows lie past the queries (the last tile where the
+        query length is not a multiple of a program's rows): its Q (loaded all the same,
+        rows of the next head or zeros past the tensor) waited for and, ``RELEASE_Q``,
+        handed back, so that the barriers' phases run on as for the others, and the key
+        tiles released (:func:`_release`). Nothing is computed or stored."""
+        mbarrier.wait(q_bar, q_phase)
+        if RELEASE_Q:
+            mbarrier.arrive(q_free, count=1)
+        _release(k_ready, k_empty, v_ready, v_empty, base, base + n_tiles)
 
     @gluon.jit
     def _finish(acc, l_i, m_i, lse_ptr, lse_row0, my_m, o_buf, o_desc, o_row0):
@@ -242,17 +317,21 @@ if AVAILABLE:
         """Consumer warpgroup ``C``: query rows start_m + C·BM onward (see the module
         docstring)."""
         (q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bars, k_ready,
-         k_empty, v_ready, v_empty, q_row0, kv_row0, lse_row0, start_m, n_tiles,
+         k_empty, v_ready, v_empty, q_row0, kv_row0, lse_row0, start_m, n_tiles, N_Q,
          qk_scale, held) = args
         BM: gl.constexpr = q_smem.type.shape[1]
         my_m = start_m + C * BM
         qs = q_smem.index(C)
-        acc, l_i, m_i = _attend(qs, q_bars.index(C), 0, q_bars.index(C), k_smem, v_smem,
-                                k_ready, k_empty, v_ready, v_empty, held.index(C), 0, my_m,
-                                n_tiles, qk_scale, CAUSAL, False)
-        # Q's buffer is free: every product reading it has completed.
-        _finish(acc, l_i, m_i, lse_ptr, lse_row0, my_m, qs, o_desc, q_row0)
-        tma.store_wait(pendings=0)
+        if my_m < N_Q:
+            acc, l_i, m_i = _attend(qs, q_bars.index(C), 0, q_bars.index(C), k_smem, v_smem,
+                                    k_ready, k_empty, v_ready, v_empty, held.index(C), 0,
+                                    my_m, n_tiles, qk_scale, CAUSAL, False)
+            # Q's buffer is free: every product reading it has completed.
+            _finish(acc, l_i, m_i, lse_ptr, lse_row0, my_m, qs, o_desc, q_row0)
+            tma.store_wait(pendings=0)
+        else:
+            _skip(q_bars.index(C), 0, q_bars.index(C), k_ready, k_empty, v_ready, v_empty, 0,
+                  n_tiles, False)
 
     @gluon.jit
     def _tile(t, n_m, N_Q, N_K, H_Q, GROUP, H_KV, BM2: gl.constexpr, BN: gl.constexpr,
@@ -323,14 +402,16 @@ if AVAILABLE:
         (q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, o_smem, q_bars,
          q_free, k_ready, k_empty, v_ready, v_empty, n_m, total, N_Q, N_K, H_Q, GROUP, H_KV,
          qk_scale, held) = args
+        NC: gl.constexpr = q_smem.type.shape[0]
         BM: gl.constexpr = q_smem.type.shape[1]
         BN: gl.constexpr = k_smem.type.shape[1]
         base = 0
         n = 0
         for s in range(0, _slots(total, PAIRED)):
             q_row0, kv_row0, start_m, n_tiles = _tile(_slot(s, PAIRED), n_m, N_Q, N_K, H_Q,
-                                                      GROUP, H_KV, 2 * BM, BN, CAUSAL, PAIRED)
-            for c in gl.static_range(2):
+                                                      GROUP, H_KV, NC * BM, BN, CAUSAL,
+                                                      PAIRED)
+            for c in gl.static_range(NC):
                 mbarrier.wait(q_free.index(c), (n & 1) ^ 1)
                 mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
                 _tma_load(q_desc, [q_row0 + start_m + c * BM, 0], q_bars.index(c),
@@ -345,97 +426,122 @@ if AVAILABLE:
                             PAIRED: gl.constexpr):
         """Persistent consumer warpgroup ``C``: per tile of this program, its 64 rows (Q
         released to the producer once its last product has completed), and the epilogue
-        through a buffer of its own, whose bulk store runs under the next tile."""
+        through a buffer of its own, whose bulk store runs under the next tile; rows past
+        the queries are skipped (:func:`_skip`)."""
         (q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, o_smem, q_bars,
          q_free, k_ready, k_empty, v_ready, v_empty, n_m, total, N_Q, N_K, H_Q, GROUP, H_KV,
          qk_scale, held) = args
+        NC: gl.constexpr = q_smem.type.shape[0]
         BM: gl.constexpr = q_smem.type.shape[1]
         BN: gl.constexpr = k_smem.type.shape[1]
         base = 0
         n = 0
         for s in range(0, _slots(total, PAIRED)):
             q_row0, kv_row0, start_m, n_tiles = _tile(_slot(s, PAIRED), n_m, N_Q, N_K, H_Q,
-                                                      GROUP, H_KV, 2 * BM, BN, CAUSAL, PAIRED)
+                                                      GROUP, H_KV, NC * BM, BN, CAUSAL,
+                                                      PAIRED)
             my_m = start_m + C * BM
-            acc, l_i, m_i = _attend(q_smem.index(C), q_bars.index(C), n & 1, q_free.index(C),
-                                    k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
-                                    held.index(C), base, my_m, n_tiles, qk_scale, CAUSAL,
-                                    True)
-            tma.store_wait(pendings=0)  # the previous tile's O has left the buffer
-            _finish(acc, l_i, m_i, lse_ptr, q_row0, my_m, o_smem.index(C), o_desc, q_row0)
+            if my_m < N_Q:
+                acc, l_i, m_i = _attend(q_smem.index(C), q_bars.index(C), n & 1,
+                                        q_free.index(C), k_smem, v_smem, k_ready, k_empty,
+                                        v_ready, v_empty, held.index(C), base, my_m, n_tiles,
+                                        qk_scale, CAUSAL, True)
+                tma.store_wait(pendings=0)  # the previous tile's O has left the buffer
+                _finish(acc, l_i, m_i, lse_ptr, q_row0, my_m, o_smem.index(C), o_desc,
+                        q_row0)
+            else:
+                _skip(q_bars.index(C), n & 1, q_free.index(C), k_ready, k_empty, v_ready,
+                      v_empty, base, n_tiles, True)
             base += n_tiles
             n += 1
         tma.store_wait(pendings=0)
 
     @gluon.jit
     def _buffers(q_desc, k_desc, v_desc, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                 HEAD_D: gl.constexpr, STAGES: gl.constexpr):
-        """Both kernels' shared memory: each warpgroup's Q buffer, the K and V rings, and
-        their mbarriers, initialised (an ``empty`` slot counts both consumers' arrivals)."""
+                 HEAD_D: gl.constexpr, STAGES: gl.constexpr, NC: gl.constexpr):
+        """Both kernels' shared memory: each of the ``NC`` warpgroups' Q buffer, the K and V
+        rings, and their mbarriers, initialised (an ``empty`` slot counts every consumer's
+        arrival)."""
         dtype: gl.constexpr = q_desc.dtype
-        q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_D], q_desc.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [NC, BLOCK_M, HEAD_D], q_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
-        q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        q_bars = gl.allocate_shared_memory(gl.int64, [NC, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for c in gl.static_range(2):
+        for c in gl.static_range(NC):
             mbarrier.init(q_bars.index(c), count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=2)
+            mbarrier.init(k_empty.index(i), count=NC)
             mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(v_empty.index(i), count=2)
+            mbarrier.init(v_empty.index(i), count=NC)
         # each consumer's l, stored every key tile and never read (_attend's ``held``)
-        held = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M],
+        held = gl.allocate_shared_memory(gl.float32, [NC, BLOCK_M],
                                          gl.SwizzledSharedLayout(1, 1, 1, [0]))
         return q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, held
 
     @gluon.jit
     def _fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, N_Q, N_K, H_Q,
                     GROUP, H_KV, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    HEAD_D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
-        """One program per (128 query rows, batch x query head)."""
+                    HEAD_D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                    NC: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                    PRODUCER_REGS: gl.constexpr):
+        """One program per (NC · 64 query rows, batch x query head)."""
         pid_m = gl.program_id(0)
         q_row0, kv_row0 = _rows(gl.program_id(1), N_Q, N_K, H_Q, GROUP, H_KV)
-        start_m = pid_m * (2 * BLOCK_M)
-        n_tiles = _key_tiles(start_m, N_K, 2 * BLOCK_M, BLOCK_N, CAUSAL)
+        start_m = pid_m * (NC * BLOCK_M)
+        n_tiles = _key_tiles(start_m, N_K, NC * BLOCK_M, BLOCK_N, CAUSAL)
 
         q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, held = _buffers(
-            q_desc, k_desc, v_desc, BLOCK_M, BLOCK_N, HEAD_D, STAGES)
+            q_desc, k_desc, v_desc, BLOCK_M, BLOCK_N, HEAD_D, STAGES, NC)
 
         args = (q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bars,
                 k_ready, k_empty, v_ready, v_empty, q_row0, kv_row0, q_row0, start_m,
-                n_tiles, qk_scale, held)
-        gl.warp_specialize([(_consume, (args, 0, CAUSAL)), (_consume, (args, 1, CAUSAL)),
-                            (_loads, (args, ))], [4, 1], [240, 24])
+                n_tiles, N_Q, qk_scale, held)
+        if NC == 2:
+            gl.warp_specialize([(_consume, (args, 0, CAUSAL)), (_consume, (args, 1, CAUSAL)),
+                                (_loads, (args, ))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        else:
+            gl.warp_specialize([(_consume, (args, 0, CAUSAL)), (_consume, (args, 1, CAUSAL)),
+                                (_consume, (args, 2, CAUSAL)), (_loads, (args, ))],
+                               [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
     @gluon.jit
     def _fwd_persistent_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, qk_scale, N_Q, N_K,
                                H_Q, GROUP, H_KV, BH, BLOCK_M: gl.constexpr,
                                BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                                STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                               PAIRED: gl.constexpr):
-        """One program per multiprocessor over every (128 query rows, batch x query head)
-        tile in :func:`_tile`'s order, dealt out by :func:`_slot`."""
+                               PAIRED: gl.constexpr, NC: gl.constexpr,
+                               CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+        """One program per multiprocessor over every (NC · 64 query rows, batch x query
+        head) tile in :func:`_tile`'s order, dealt out by :func:`_slot`."""
         dtype: gl.constexpr = q_desc.dtype
-        n_m = N_Q // (2 * BLOCK_M)
+        n_m = gl.cdiv(N_Q, NC * BLOCK_M)
         total = n_m * BH
         q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, held = _buffers(
-            q_desc, k_desc, v_desc, BLOCK_M, BLOCK_N, HEAD_D, STAGES)
-        o_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_D], o_desc.layout)
-        q_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for c in gl.static_range(2):
+            q_desc, k_desc, v_desc, BLOCK_M, BLOCK_N, HEAD_D, STAGES, NC)
+        o_smem = gl.allocate_shared_memory(dtype, [NC, BLOCK_M, HEAD_D], o_desc.layout)
+        q_free = gl.allocate_shared_memory(gl.int64, [NC, 1], mbarrier.MBarrierLayout())
+        for c in gl.static_range(NC):
             mbarrier.init(q_free.index(c), count=1)
 
         args = (q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, o_smem,
                 q_bars, q_free, k_ready, k_empty, v_ready, v_empty, n_m, total, N_Q, N_K,
                 H_Q, GROUP, H_KV, qk_scale, held)
-        gl.warp_specialize([(_consume_persistent, (args, 0, CAUSAL, PAIRED)),
-                            (_consume_persistent, (args, 1, CAUSAL, PAIRED)),
-                            (_loads_persistent, (args, CAUSAL, PAIRED))], [4, 1], [240, 24])
+        if NC == 2:
+            gl.warp_specialize([(_consume_persistent, (args, 0, CAUSAL, PAIRED)),
+                                (_consume_persistent, (args, 1, CAUSAL, PAIRED)),
+                                (_loads_persistent, (args, CAUSAL, PAIRED))], [4, 1],
+                               [CONSUMER_REGS, PRODUCER_REGS])
+        else:
+            gl.warp_specialize([(_consume_persistent, (args, 0, CAUSAL, PAIRED)),
+                                (_consume_persistent, (args, 1, CAUSAL, PAIRED)),
+                                (_consume_persistent, (args, 2, CAUSAL, PAIRED)),
+                                (_loads_persistent, (args, CAUSAL, PAIRED))], [4, 4, 1],
+                               [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
 
 def on_sm90(t: torch.Tensor) -> bool:
@@ -500,9 +606,13 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Problem):
     descs = (descriptor(q, BLOCK_M, p.D), descriptor(k, BLOCK_N, p.D),
              descriptor(v, BLOCK_N, p.D), descriptor(out, BLOCK_M, p.D), lse,
              p.scale * _common.LOG2E, p.Nq, p.Nk, p.Hq, p.group, p.Hkv)
+    nc = consumers(p.D)
+    maxnreg, consumer_regs = regs(nc)
     meta = dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_D=p.D, STAGES=STAGES, CAUSAL=p.has_hi,
-                num_warps=4, maxnreg=MAXNREG)
-    tiles = (p.Nq // (2 * BLOCK_M), p.B * p.Hq)
+                NC=nc, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=PRODUCER_REGS,
+                num_warps=4, maxnreg=maxnreg)
+    # the last tile takes the rows left (a multiple of 64: supported's rows_ok)
+    tiles = (-(-p.Nq // (nc * BLOCK_M)), p.B * p.Hq)
     # (a CPU tensor only under the sm_90a compile check, which launches nothing)
     with _common.device_ctx(q):
         if _common.gluon_grid(p.D, p.Nk) == "persistent":

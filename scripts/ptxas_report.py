@@ -101,7 +101,7 @@ def exp_wait_order(cubin: Path) -> list[dict]:
             continue
         body = [x for a, x in sass if start <= a <= addr]
         # (the waits' retry blocks after the last EXIT branch back into the code: no loop)
-        if (sum("HGMMA" in x for x in body) < 16 or not any("MUFU.EX2" in x for x in body)
+        if (sum("HGMMA" in x for x in body) < 12 or not any("MUFU.EX2" in x for x in body)
                 or any(x.split()[-1] == "EXIT" for x in body)):
             continue
         waits = [i for i, x in enumerate(body) if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in x]

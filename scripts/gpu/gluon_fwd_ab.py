@@ -1,7 +1,7 @@
 """The Gluon forward of this tree against another tree's, in one process: bits, then time.
 
     python3 scripts/gpu/gluon_fwd_ab.py --old .ab/OLD --out FILE.json [--rounds 5]
-                                        [--d 128,64] [--n 4096]
+                                        [--d 128,64] [--n 4096] [--consumers 2,3]
 
 ``--old`` is a checkout of this repository (``git archive COMMIT | tar -x -C .ab/OLD``; the
 device call carries ``.ab``): its ``kernels/flash_attention_gluon.py`` is loaded beside the
@@ -19,7 +19,10 @@ between the two.
    (``scaled_dot_product_attention`` under the cuDNN backend), in an order that alternates
    between rounds; the median of ``triton.testing.do_bench`` per timing, then per
    configuration the median over rounds and the ratios old / new and cuDNN / new (above 1:
-   the new one is faster).
+   the new one is faster). ``--consumers 2,3``: at D = 64 the new forward is timed with
+   each of these consumer warpgroups per program besides its default
+   (``flash_attention_gluon.CONSUMERS``), as "new_c2", "new_c3", with the ratio
+   new_cN / new.
 """
 
 from __future__ import annotations
@@ -45,6 +48,10 @@ PROBLEMS = [
     (1, 4, 1, 8192, 8192, 128, False, "tile"), (1, 4, 1, 8192, 8192, 128, True, "tile"),
     (2, 4, 4, 2048, 2048, 64, False, "persistent"), (2, 4, 2, 2048, 2048, 64, True, "persistent"),
     (1, 2, 2, 8192, 8192, 64, True, "tile"), (3, 2, 2, 256, 128, 128, False, "persistent"),
+    # D 64 query lengths whose last tile of three consumers' rows is ragged (one or two of
+    # them past the queries), a single tile included
+    (1, 2, 2, 128, 1024, 64, False, "persistent"), (2, 2, 1, 256, 256, 64, True, "persistent"),
+    (1, 3, 3, 256, 8192, 64, False, "tile"), (1, 2, 2, 1024, 8192, 64, True, "tile"),
 ]
 
 
@@ -93,7 +100,19 @@ def bits(old) -> list[dict]:
     return rows
 
 
-def timings(old, rounds: int, configs: list[dict]) -> list[dict]:
+def with_consumers(n: int, fn):
+    """``fn`` run with the new forward's D = 64 programs at ``n`` consumer warpgroups."""
+    def run():
+        keep = new.CONSUMERS[64]
+        new.CONSUMERS[64] = n
+        try:
+            return fn()
+        finally:
+            new.CONSUMERS[64] = keep
+    return run
+
+
+def timings(old, rounds: int, configs: list[dict], consumers: list[int] = ()) -> list[dict]:
     import torch.nn.functional as F
     import triton.testing
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -110,6 +129,10 @@ def timings(old, rounds: int, configs: list[dict]) -> list[dict]:
         p = _problem(B, H, H, N, N, D, causal)
         fns = {"old": partial(old.forward, q, k, v, p), "new": partial(new.forward, q, k, v, p),
                "cudnn": partial(cudnn, q, k, v, causal)}
+        if D == 64:
+            for n in consumers:
+                if n != new.consumers(64):
+                    fns[f"new_c{n}"] = with_consumers(n, fns["new"])
         times = {name: [] for name in fns}
         for r in range(rounds):
             order = list(fns) if r % 2 == 0 else list(reversed(list(fns)))
@@ -120,11 +143,15 @@ def timings(old, rounds: int, configs: list[dict]) -> list[dict]:
         row = dict(dtype=dt, D=D, N=N, B=B, H=H, causal=causal, rounds=times,
                    median_ms=med, old_over_new=med["old"] / med["new"],
                    cudnn_over_new=med["cudnn"] / med["new"],
+                   **{f"{name}_over_new": med[name] / med["new"] for name in med
+                      if name.startswith("new_c")},
                    tflops={name: flops / (m * 1e-3) / 1e12 for name, m in med.items()})
         out.append(row)
         print(f"{dt} D{D} N{N} causal={causal}: old {med['old']:.3f} new {med['new']:.3f} cuDNN "
               f"{med['cudnn']:.3f} ms; old/new {row['old_over_new']:.3f}, cuDNN/new "
-              f"{row['cudnn_over_new']:.3f}", flush=True)
+              f"{row['cudnn_over_new']:.3f}" + "".join(
+                  f"; {name} {med[name]:.3f} ({med[name] / med['new']:.3f})"
+                  for name in med if name.startswith("new_c")), flush=True)
     return out
 
 
@@ -146,10 +173,14 @@ def main(argv=None) -> int:
     ap.add_argument("--d", default="128,64", help="timed head dims (64 and/or 128)")
     ap.add_argument("--n", default=[4096], type=bench._ns,
                     help="timed lengths, comma-separated, of the benchmark's 1024, 4096, 16384")
+    ap.add_argument("--consumers", default="",
+                    help="consumer warpgroups per program (2 and/or 3) to time the new "
+                         "forward with at D 64 besides its default")
     args = ap.parse_args(argv)
     if not 1 <= args.rounds <= 50:
         ap.error(f"--rounds must be in 1..50, got {args.rounds}")
     ds = _ints(ap, "--d", args.d, {64, 128})
+    consumers = _ints(ap, "--consumers", args.consumers, {2, 3}) if args.consumers else []
     if not (torch.cuda.is_available() and new.AVAILABLE):
         raise SystemExit("gluon_fwd_ab: needs an sm_90 GPU and a Triton with Gluon")
     old = load_old(args.old)
@@ -158,7 +189,7 @@ def main(argv=None) -> int:
                triton=triton.__version__, old=str(args.old))
     rep["bits"] = bits(old)
     args.out.write_text(json.dumps(rep, indent=1))
-    rep["timings"] = timings(old, args.rounds, timed(ds, args.n))
+    rep["timings"] = timings(old, args.rounds, timed(ds, args.n), consumers)
     args.out.write_text(json.dumps(rep, indent=1))
     differ = [r for r in rep["bits"] if not r["bitwise_equal"]]
     print(f"bits: {len(rep['bits']) - len(differ)} of {len(rep['bits'])} equal")

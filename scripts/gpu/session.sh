@@ -354,8 +354,9 @@ if has fwdab; then
   # a detached campaign
   el fwdab
   use_triton39 fwdab
+  # shellcheck disable=SC2086  # AB_ARGS: more of gluon_fwd_ab.py's options, e.g. --consumers 2,3
   timeout -s TERM 300 python3 scripts/gpu/gluon_fwd_ab.py --old "${AB_OLD:-.ab/OLD}" \
-    --rounds "${AB_ROUNDS:-3}" --out "$R/fwdab.json" > "$R/fwdab.log" 2>&1
+    --rounds "${AB_ROUNDS:-3}" ${AB_ARGS:-} --out "$R/fwdab.json" > "$R/fwdab.log" 2>&1
   el "fwdab exit=$?"
 fi
 if has fwdab-checks; then
