@@ -5,8 +5,8 @@ Gluon (``triton.experimental.gluon``) is Triton's lower-level language: layouts,
 memory, mbarriers, TMA and ``wgmma`` are explicit. Triton's pipeliner waits on every score
 product right after issuing it (docs/benchmarks/sweep.md rounds 11 and 14), so a tile's
 exponentials never run under the next tile's products; here they do. Per program (NC · 64
-query rows of one batch and head; NC, the consumers, ``CONSUMERS`` by head dim: 2 at D = 128,
-3 at D = 64, as FlashAttention-3 tiles them):
+query rows of one batch and head; NC, the consumers, ``CONSUMERS`` by head dim: 2, or 3 at
+D = 64 under the schedule "c3", as FlashAttention-3 tiles D ≤ 64):
 
 - a producer warp (``_loads``) issues every TMA load: Q once per warpgroup, then K and V
   tile by tile into ``STAGES``-deep rings, refilling a slot once every consumer released it
@@ -17,15 +17,20 @@ query rows of one batch and head; NC, the consumers, ``CONSUMERS`` by head dim: 
   O, issue O += P(j) V(j), then wait for S(j+1) and run its softmax while P(j) V(j) still
   runs (a store of the row sums to shared memory keeps ptxas from placing the wait for
   P(j) V(j) ahead of the exponentials: ``_attend``); each ends with its own epilogue
-  (lse; O through its Q buffer, free by then, and a TMA store). P is rounded to the input
-  dtype in the operand layout of P V as soon as the softmax has made it, so that its fp32
-  copy is dead before the wait (at D = 64 the three consumers' 160 registers then hold S,
-  P and O with few spills: ``scripts/ptxas_report.py``);
+  (lse; O through its Q buffer, free by then, and a TMA store);
 - where the query length is not a multiple of the program's rows (NC = 3: 1024, 4096 and
   16384 are not multiples of 192), the last tile's consumers past the queries compute and
   store nothing (``_skip``): they take their Q and release every key tile, so that the
   barriers' phases run on as in a whole tile. Every consumer computes its 64 rows as in any
   other tile: the bits do not depend on NC.
+
+Schedules besides the default (:func:`schedule`, by name :func:`schedule_spec`; none moves
+a bit, each is off until timed on the GPU, and the default compiles to the PTX it did
+before they existed): "c3", three consumers at D = 64; "early", P rounded into P V's operand
+layout as soon as the softmax has made it, so that its fp32 copy is dead before the wait
+(the three consumers' 160 registers then hold S, P and O with few spills); "split", the
+causal loop split at the diagonal, the key tiles below it without the mask (no spills left
+at D = 128: ``scripts/ptxas_report.py``, tests/test_flash_gluon.py).
 
 The persistent grid, ``_fwd_persistent_kernel``: one program per multiprocessor over every
 tile (``_tile``: a (batch, head)'s query tiles consecutive, so that the programs running at
@@ -64,6 +69,8 @@ TMA copies are renamed); where Gluon does not import or has no ``warp_specialize
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from flashcheck.kernels import _common
 from flashcheck.kernels._common import INTERPRET, Problem
@@ -92,8 +99,12 @@ BLOCK_N = 128  # keys per tile
 STAGES = 2  # K/V ring depth: 2 x 2 x 32 KiB at D = 128, beside Q's 2 x 16 KiB
 # Consumer warpgroups per program by head dim (2 or 3): a program's tile is CONSUMERS · 64
 # query rows, each K/V tile loaded serves them all. Three fit D = 64 only (their S, P and O
-# in 160 registers; shared memory 112 KiB); at D = 128 two.
-CONSUMERS = {128: 2, 64: 3}
+# in 160 registers with the early_p schedule; shared memory 112 KiB); at D = 128 two.
+CONSUMERS = {128: 2, 64: 2}  # three at D 64 (schedule "c3") are not yet timed on a GPU
+# The consumers' schedule, read at each launch (:func:`_attend`'s EARLY_P and SPLIT): P
+# rounded into P V's operand layout as soon as made, and the causal loop split at the
+# diagonal. Neither moves a bit; both off by default until timed on the GPU.
+SCHEDULE = {"early_p": False, "split": False}
 PRODUCER_REGS = 24  # the producer warp's registers per thread: the least setmaxnreg allows
 MAXNREG = 168  # the two-consumer kernel's (regs(2)[0])
 
@@ -114,6 +125,42 @@ def regs(nc: int) -> tuple[int, int]:
 def consumers(head_dim: int) -> int:
     """Consumer warpgroups per program for this head dim (:data:`CONSUMERS`)."""
     return CONSUMERS.get(head_dim, 2)
+
+
+SCHEDULE_PARTS = {"c2": dict(consumers64=2), "c3": dict(consumers64=3),
+                  "early": dict(early_p=True), "split": dict(split=True)}
+
+
+def schedule_spec(name: str) -> dict:
+    """:func:`schedule`'s arguments for a "+"-joined name over :data:`SCHEDULE_PARTS`
+    (``c3+early+split``); the timing and sanitizer scripts take schedules by name."""
+    kw = {}
+    for part in name.split("+"):
+        if part not in SCHEDULE_PARTS:
+            raise ValueError(f"schedule: each part must be one of {sorted(SCHEDULE_PARTS)}, "
+                             f"got {part!r} in {name!r}")
+        kw.update(SCHEDULE_PARTS[part])
+    return kw
+
+
+@contextlib.contextmanager
+def schedule(consumers64: int | None = None, early_p: bool | None = None,
+             split: bool | None = None):
+    """Within the block, launches take these (None: as they are) as D = 64's
+    :data:`CONSUMERS` and :data:`SCHEDULE`'s flags; restored after, also on an error."""
+    if consumers64 is not None:
+        regs(consumers64)  # the count checked
+    keep = CONSUMERS[64], dict(SCHEDULE)
+    try:
+        if consumers64 is not None:
+            CONSUMERS[64] = consumers64
+        SCHEDULE.update({k: bool(v) for k, v in (("early_p", early_p), ("split", split))
+                         if v is not None})
+        yield
+    finally:
+        CONSUMERS[64], saved = keep
+        SCHEDULE.clear()
+        SCHEDULE.update(saved)
 LAUNCHES = [0]  # calls of forward() since import (tests and the GPU session read it)
 
 if AVAILABLE:
@@ -171,7 +218,7 @@ if AVAILABLE:
     @gluon.jit
     def _attend(qs, q_bar, q_phase, q_free, k_smem, v_smem, k_ready, k_empty, v_ready,
                 v_empty, held, base, my_m, n_tiles, qk_scale, CAUSAL: gl.constexpr,
-                RELEASE_Q: gl.constexpr):
+                RELEASE_Q: gl.constexpr, EARLY_P: gl.constexpr, SPLIT: gl.constexpr):
         """One consumer warpgroup's 64 query rows from ``my_m`` against ``n_tiles`` key
         tiles of the rings, whose first is ring position ``base`` (slot ``base % NS``): the
         unnormalised O, l and m. Under causal, key tiles past its own rows are waited for
@@ -185,7 +232,12 @@ if AVAILABLE:
         all 66 under causal, in the SASS of ptxas 12.8 and 13.4); it does not move that wait
         above a store to shared memory, and storing l, which sums every exponential of the
         tile, puts all of them ahead of the wait (``scripts/ptxas_report.py``'s
-        ``exp_wait_order``, tests/test_flash_gluon.py). The bits are unchanged."""
+        ``exp_wait_order``, tests/test_flash_gluon.py). The bits are unchanged.
+
+        ``EARLY_P``: P rounded into P V's operand layout right after its softmax, not as
+        P V is issued (its fp32 copy then dies before the wait). ``SPLIT`` (causal): the
+        key tiles wholly below the diagonal in a loop without the mask, then those it
+        crosses in one with it. Neither changes a bit (:data:`SCHEDULE`)."""
         BM: gl.constexpr = qs.type.shape[0]
         BN: gl.constexpr = k_smem.type.shape[1]
         HD: gl.constexpr = k_smem.type.shape[2]
@@ -217,30 +269,38 @@ if AVAILABLE:
         mbarrier.arrive(k_empty.index(base % NS), count=1)
         p, alpha, l_i, m_i = _softmax(s, m_i, l_i, my_m, 0, qk_scale, BM, BN, CAUSAL,
                                       s_layout)
-        p = gl.convert_layout(p.to(dtype), p_layout)
+        if EARLY_P:
+            p = gl.convert_layout(p.to(dtype), p_layout)
 
-        if CAUSAL:  # key tiles wholly below the diagonal, then those it crosses
+        if CAUSAL and SPLIT:  # key tiles wholly below the diagonal, then those it crosses
             n_free = gl.minimum(my_m // BN, n_own)
             for j in range(0, n_free - 1):
                 acc, p, alpha, l_i, m_i = _step(qs, k_smem, v_smem, k_ready, k_empty, v_ready,
                                                 v_empty, held, base, j, acc, p, alpha, l_i,
-                                                m_i, my_m, qk_scale, False, s_zero, p_layout)
+                                                m_i, my_m, qk_scale, False, EARLY_P, s_zero,
+                                                p_layout)
             for j in range(gl.maximum(n_free - 1, 0), n_own - 1):
                 acc, p, alpha, l_i, m_i = _step(qs, k_smem, v_smem, k_ready, k_empty, v_ready,
                                                 v_empty, held, base, j, acc, p, alpha, l_i,
-                                                m_i, my_m, qk_scale, True, s_zero, p_layout)
+                                                m_i, my_m, qk_scale, True, EARLY_P, s_zero,
+                                                p_layout)
         else:
             for j in range(0, n_own - 1):
                 acc, p, alpha, l_i, m_i = _step(qs, k_smem, v_smem, k_ready, k_empty, v_ready,
                                                 v_empty, held, base, j, acc, p, alpha, l_i,
-                                                m_i, my_m, qk_scale, False, s_zero, p_layout)
+                                                m_i, my_m, qk_scale, CAUSAL, EARLY_P, s_zero,
+                                                p_layout)
         if RELEASE_Q:  # the last Q Kᵀ product has completed
             mbarrier.arrive(q_free, count=1)
 
         j = base + n_own - 1
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, orow), 1)
         mbarrier.wait(v_ready.index(j % NS), (j // NS) & 1)
-        acc = warpgroup_mma(p, v_smem.index(j % NS), acc, is_async=True)
+        if EARLY_P:
+            acc = warpgroup_mma(p, v_smem.index(j % NS), acc, is_async=True)
+        else:
+            acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(j % NS),
+                                acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(v_empty.index(j % NS), count=1)
         _release(k_ready, k_empty, v_ready, v_empty, base + n_own, base + n_tiles)
@@ -248,9 +308,11 @@ if AVAILABLE:
 
     @gluon.jit
     def _step(qs, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, held, base, j, acc, p,
-              alpha, l_i, m_i, my_m, qk_scale, MASK: gl.constexpr, s_zero, p_layout):
+              alpha, l_i, m_i, my_m, qk_scale, MASK: gl.constexpr, EARLY_P: gl.constexpr,
+              s_zero, p_layout: gl.constexpr):
         """One key tile of :func:`_attend`'s loop: S(j+1) issued, O rescaled, P(j) V(j)
-        issued, S(j+1)'s softmax (``MASK``: the causal mask on it) under P(j) V(j)."""
+        issued, S(j+1)'s softmax (``MASK``: the causal mask where it crosses the diagonal)
+        under P(j) V(j); ``EARLY_P`` as there."""
         NS: gl.constexpr = k_smem.type.shape[0]
         BM: gl.constexpr = qs.type.shape[0]
         BN: gl.constexpr = k_smem.type.shape[1]
@@ -262,12 +324,17 @@ if AVAILABLE:
         s_next = warpgroup_mma(qs, k_smem.index(nxt).permute((1, 0)), s_zero, use_acc=False,
                                is_async=True)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, orow), 1)
-        acc = warpgroup_mma(p, v_smem.index(stage), acc, is_async=True)
+        if EARLY_P:
+            acc = warpgroup_mma(p, v_smem.index(stage), acc, is_async=True)
+        else:
+            acc = warpgroup_mma(gl.convert_layout(p.to(qs.dtype), p_layout),
+                                v_smem.index(stage), acc, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next, ))
         mbarrier.arrive(k_empty.index(nxt), count=1)
         p, alpha, l_i, m_i = _softmax(s, m_i, l_i, my_m, (j + 1) * BN, qk_scale, BM, BN, MASK,
                                       s_zero.type.layout)
-        p = gl.convert_layout(p.to(qs.dtype), p_layout)
+        if EARLY_P:
+            p = gl.convert_layout(p.to(qs.dtype), p_layout)
         held.store(l_i)  # every exponential before the wait (see _attend's docstring)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(v_empty.index(stage), count=1)
@@ -313,7 +380,8 @@ if AVAILABLE:
         _tma_store(o_desc, [o_row0 + my_m, 0], o_buf)
 
     @gluon.jit
-    def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr):
+    def _consume(args, C: gl.constexpr, CAUSAL: gl.constexpr, EARLY_P: gl.constexpr,
+                 SPLIT: gl.constexpr, RAGGED: gl.constexpr):
         """Consumer warpgroup ``C``: query rows start_m + C·BM onward (see the module
         docstring)."""
         (q_desc, k_desc, v_desc, o_desc, lse_ptr, q_smem, k_smem, v_smem, q_bars, k_ready,
@@ -322,10 +390,10 @@ if AVAILABLE:
         BM: gl.constexpr = q_smem.type.shape[1]
         my_m = start_m + C * BM
         qs = q_smem.index(C)
-        if my_m < N_Q:
+        if not RAGGED or my_m < N_Q:
             acc, l_i, m_i = _attend(qs, q_bars.index(C), 0, q_bars.index(C), k_smem, v_smem,
                                     k_ready, k_empty, v_ready, v_empty, held.index(C), 0,
-                                    my_m, n_tiles, qk_scale, CAUSAL, False)
+                                    my_m, n_tiles, qk_scale, CAUSAL, False, EARLY_P, SPLIT)
             # Q's buffer is free: every product reading it has completed.
             _finish(acc, l_i, m_i, lse_ptr, lse_row0, my_m, qs, o_desc, q_row0)
             tma.store_wait(pendings=0)
@@ -423,7 +491,8 @@ if AVAILABLE:
 
     @gluon.jit
     def _consume_persistent(args, C: gl.constexpr, CAUSAL: gl.constexpr,
-                            PAIRED: gl.constexpr):
+                            PAIRED: gl.constexpr, EARLY_P: gl.constexpr, SPLIT: gl.constexpr,
+                            RAGGED: gl.constexpr):
         """Persistent consumer warpgroup ``C``: per tile of this program, its 64 rows (Q
         released to the producer once its last product has completed), and the epilogue
         through a buffer of its own, whose bulk store runs under the next tile; rows past
@@ -441,11 +510,11 @@ if AVAILABLE:
                                                       GROUP, H_KV, NC * BM, BN, CAUSAL,
                                                       PAIRED)
             my_m = start_m + C * BM
-            if my_m < N_Q:
+            if not RAGGED or my_m < N_Q:
                 acc, l_i, m_i = _attend(q_smem.index(C), q_bars.index(C), n & 1,
                                         q_free.index(C), k_smem, v_smem, k_ready, k_empty,
                                         v_ready, v_empty, held.index(C), base, my_m, n_tiles,
-                                        qk_scale, CAUSAL, True)
+                                        qk_scale, CAUSAL, True, EARLY_P, SPLIT)
                 tma.store_wait(pendings=0)  # the previous tile's O has left the buffer
                 _finish(acc, l_i, m_i, lse_ptr, q_row0, my_m, o_smem.index(C), o_desc,
                         q_row0)
@@ -488,7 +557,8 @@ if AVAILABLE:
                     GROUP, H_KV, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                     HEAD_D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                     NC: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                    PRODUCER_REGS: gl.constexpr):
+                    PRODUCER_REGS: gl.constexpr, EARLY_P: gl.constexpr, SPLIT: gl.constexpr,
+                    RAGGED: gl.constexpr):
         """One program per (NC · 64 query rows, batch x query head)."""
         pid_m = gl.program_id(0)
         q_row0, kv_row0 = _rows(gl.program_id(1), N_Q, N_K, H_Q, GROUP, H_KV)
@@ -502,11 +572,14 @@ if AVAILABLE:
                 k_ready, k_empty, v_ready, v_empty, q_row0, kv_row0, q_row0, start_m,
                 n_tiles, N_Q, qk_scale, held)
         if NC == 2:
-            gl.warp_specialize([(_consume, (args, 0, CAUSAL)), (_consume, (args, 1, CAUSAL)),
+            gl.warp_specialize([(_consume, (args, 0, CAUSAL, EARLY_P, SPLIT, RAGGED)),
+                                (_consume, (args, 1, CAUSAL, EARLY_P, SPLIT, RAGGED)),
                                 (_loads, (args, ))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
         else:
-            gl.warp_specialize([(_consume, (args, 0, CAUSAL)), (_consume, (args, 1, CAUSAL)),
-                                (_consume, (args, 2, CAUSAL)), (_loads, (args, ))],
+            gl.warp_specialize([(_consume, (args, 0, CAUSAL, EARLY_P, SPLIT, RAGGED)),
+                                (_consume, (args, 1, CAUSAL, EARLY_P, SPLIT, RAGGED)),
+                                (_consume, (args, 2, CAUSAL, EARLY_P, SPLIT, RAGGED)),
+                                (_loads, (args, ))],
                                [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
     @gluon.jit
@@ -515,11 +588,16 @@ if AVAILABLE:
                                BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                                STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                PAIRED: gl.constexpr, NC: gl.constexpr,
-                               CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                               CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                               EARLY_P: gl.constexpr, SPLIT: gl.constexpr,
+                               RAGGED: gl.constexpr):
         """One program per multiprocessor over every (NC · 64 query rows, batch x query
         head) tile in :func:`_tile`'s order, dealt out by :func:`_slot`."""
         dtype: gl.constexpr = q_desc.dtype
-        n_m = gl.cdiv(N_Q, NC * BLOCK_M)
+        if RAGGED:
+            n_m = gl.cdiv(N_Q, NC * BLOCK_M)
+        else:
+            n_m = N_Q // (NC * BLOCK_M)
         total = n_m * BH
         q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, held = _buffers(
             q_desc, k_desc, v_desc, BLOCK_M, BLOCK_N, HEAD_D, STAGES, NC)
@@ -532,14 +610,19 @@ if AVAILABLE:
                 q_bars, q_free, k_ready, k_empty, v_ready, v_empty, n_m, total, N_Q, N_K,
                 H_Q, GROUP, H_KV, qk_scale, held)
         if NC == 2:
-            gl.warp_specialize([(_consume_persistent, (args, 0, CAUSAL, PAIRED)),
-                                (_consume_persistent, (args, 1, CAUSAL, PAIRED)),
+            gl.warp_specialize([(_consume_persistent, (args, 0, CAUSAL, PAIRED, EARLY_P,
+                                                     SPLIT, RAGGED)),
+                                (_consume_persistent, (args, 1, CAUSAL, PAIRED, EARLY_P,
+                                                       SPLIT, RAGGED)),
                                 (_loads_persistent, (args, CAUSAL, PAIRED))], [4, 1],
                                [CONSUMER_REGS, PRODUCER_REGS])
         else:
-            gl.warp_specialize([(_consume_persistent, (args, 0, CAUSAL, PAIRED)),
-                                (_consume_persistent, (args, 1, CAUSAL, PAIRED)),
-                                (_consume_persistent, (args, 2, CAUSAL, PAIRED)),
+            gl.warp_specialize([(_consume_persistent, (args, 0, CAUSAL, PAIRED, EARLY_P,
+                                                     SPLIT, RAGGED)),
+                                (_consume_persistent, (args, 1, CAUSAL, PAIRED, EARLY_P,
+                                                       SPLIT, RAGGED)),
+                                (_consume_persistent, (args, 2, CAUSAL, PAIRED, EARLY_P,
+                                                       SPLIT, RAGGED)),
                                 (_loads_persistent, (args, CAUSAL, PAIRED))], [4, 4, 1],
                                [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
@@ -610,7 +693,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Problem):
     maxnreg, consumer_regs = regs(nc)
     meta = dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_D=p.D, STAGES=STAGES, CAUSAL=p.has_hi,
                 NC=nc, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=PRODUCER_REGS,
-                num_warps=4, maxnreg=maxnreg)
+                EARLY_P=SCHEDULE["early_p"], SPLIT=SCHEDULE["split"],
+                RAGGED=p.Nq % (nc * BLOCK_M) != 0, num_warps=4, maxnreg=maxnreg)
     # the last tile takes the rows left (a multiple of 64: supported's rows_ok)
     tiles = (-(-p.Nq // (nc * BLOCK_M)), p.B * p.Hq)
     # (a CPU tensor only under the sm_90a compile check, which launches nothing)

@@ -92,10 +92,26 @@ def test_fwd_ab_times_each_head_dim_and_length_asked_for():
 
 
 @pytest.mark.parametrize("argv, name", [(["--d", "96"], "--d"), (["--n", "4000"], "--n"),
-                                        (["--n", "x"], "--n")])
+                                        (["--n", "x"], "--n"), (["--variants", "c3+fast"],
+                                                                "--variants")])
 def test_fwd_ab_refuses_a_head_dim_or_length_it_does_not_time(argv, name, capsys):
     ab = load("scripts/gpu/gluon_fwd_ab.py", "gluon_fwd_ab_timed")
     with pytest.raises(SystemExit):
         ab.main(["--old", ".", "--out", "x.json", *argv])
     err = capsys.readouterr().err
     assert name in err and "must be" in err
+
+
+def test_fwd_ab_runs_each_variant_under_its_schedule_and_restores_the_default():
+    ab = load("scripts/gpu/gluon_fwd_ab.py", "gluon_fwd_ab_timed")
+    assert ab.variant("c3+early+split") == dict(consumers64=3, early_p=True, split=True)
+    assert ab.variant("split") == dict(split=True)
+    seen = []
+    run = ab.scheduled("c3+split", lambda: seen.append(
+        (ab.new.consumers(64), dict(ab.new.SCHEDULE))) or "out")
+    assert run() == "out"
+    assert seen == [(3, {"early_p": False, "split": True})]
+    assert ab.new.consumers(64) == 2 and not any(ab.new.SCHEDULE.values())
+    with pytest.raises(ZeroDivisionError):
+        ab.scheduled("early", lambda: 1 / 0)()
+    assert not any(ab.new.SCHEDULE.values())

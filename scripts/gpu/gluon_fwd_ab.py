@@ -1,7 +1,7 @@
 """The Gluon forward of this tree against another tree's, in one process: bits, then time.
 
     python3 scripts/gpu/gluon_fwd_ab.py --old .ab/OLD --out FILE.json [--rounds 5]
-                                        [--d 128,64] [--n 4096] [--consumers 2,3]
+                                        [--d 128,64] [--n 4096] [--variants c3,early+split]
 
 ``--old`` is a checkout of this repository (``git archive COMMIT | tar -x -C .ab/OLD``; the
 device call carries ``.ab``): its ``kernels/flash_attention_gluon.py`` is loaded beside the
@@ -19,10 +19,13 @@ between the two.
    (``scaled_dot_product_attention`` under the cuDNN backend), in an order that alternates
    between rounds; the median of ``triton.testing.do_bench`` per timing, then per
    configuration the median over rounds and the ratios old / new and cuDNN / new (above 1:
-   the new one is faster). ``--consumers 2,3``: at D = 64 the new forward is timed with
-   each of these consumer warpgroups per program besides its default
-   (``flash_attention_gluon.CONSUMERS``), as "new_c2", "new_c3", with the ratio
-   new_cN / new.
+   the new one is faster).
+3. ``--variants``: schedules of the new forward besides its default, each a "+"-joined set
+   of ``c3`` (three consumer warpgroups at D = 64), ``c2`` (two), ``early`` (P rounded as
+   soon as made) and ``split`` (the causal loop split at the diagonal):
+   ``flash_attention_gluon.schedule``'s arguments. Each is bit-checked against the old
+   forward like the default, and timed beside it as "new+NAME" with the ratio
+   new+NAME / new (below 1: the variant is faster).
 """
 
 from __future__ import annotations
@@ -77,42 +80,50 @@ def load_old(tree: Path):
     return mod
 
 
-def bits(old) -> list[dict]:
+def bits(old, variants: list[str] = ()) -> list[dict]:
+    """Every problem of PROBLEMS in bf16 and fp16, the new forward in its default schedule
+    and in each of ``variants``, against the old one: bit for bit."""
     rows = []
-    for dtype in (torch.bfloat16, torch.float16):
-        for (B, Hq, Hkv, Nq, Nk, D, causal, grid) in PROBLEMS:
-            g = torch.Generator(device="cuda").manual_seed(hash((B, Hq, Nq, Nk, D)) % 2**31)
-            q = torch.randn(B, Hq, Nq, D, device="cuda", dtype=dtype, generator=g)
-            k = torch.randn(B, Hkv, Nk, D, device="cuda", dtype=dtype, generator=g)
-            v = torch.randn(B, Hkv, Nk, D, device="cuda", dtype=dtype, generator=g)
-            p = _problem(B, Hq, Hkv, Nq, Nk, D, causal)
-            with _common.gluon(grid):
-                o1, l1 = old.forward(q, k, v, p)
-                o2, l2 = new.forward(q, k, v, p)
-            torch.cuda.synchronize()
-            same = torch.equal(o1.view(torch.int16), o2.view(torch.int16)) and torch.equal(
-                l1.view(torch.int32), l2.view(torch.int32))
-            rows.append(dict(dtype=str(dtype).split(".")[1], B=B, Hq=Hq, Hkv=Hkv, Nq=Nq,
-                             Nk=Nk, D=D, causal=causal, grid=grid, bitwise_equal=same,
-                             o_max_diff=float((o1.float() - o2.float()).abs().max()),
-                             lse_max_diff=float((l1 - l2).abs().max())))
-            print(("same " if same else "DIFFERENT ") + json.dumps(rows[-1]), flush=True)
+    for name in ("", *variants):
+        for dtype in (torch.bfloat16, torch.float16):
+            for (B, Hq, Hkv, Nq, Nk, D, causal, grid) in PROBLEMS:
+                g = torch.Generator(device="cuda").manual_seed(hash((B, Hq, Nq, Nk, D)) % 2**31)
+                q = torch.randn(B, Hq, Nq, D, device="cuda", dtype=dtype, generator=g)
+                k = torch.randn(B, Hkv, Nk, D, device="cuda", dtype=dtype, generator=g)
+                v = torch.randn(B, Hkv, Nk, D, device="cuda", dtype=dtype, generator=g)
+                p = _problem(B, Hq, Hkv, Nq, Nk, D, causal)
+                with _common.gluon(grid):
+                    o1, l1 = old.forward(q, k, v, p)
+                    with new.schedule(**(variant(name) if name else {})):
+                        o2, l2 = new.forward(q, k, v, p)
+                torch.cuda.synchronize()
+                same = torch.equal(o1.view(torch.int16), o2.view(torch.int16)) and torch.equal(
+                    l1.view(torch.int32), l2.view(torch.int32))
+                rows.append(dict(variant=name or "default", dtype=str(dtype).split(".")[1],
+                                 B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, D=D, causal=causal,
+                                 grid=grid, bitwise_equal=same,
+                                 o_max_diff=float((o1.float() - o2.float()).abs().max()),
+                                 lse_max_diff=float((l1 - l2).abs().max())))
+                print(("same " if same else "DIFFERENT ") + json.dumps(rows[-1]), flush=True)
     return rows
 
 
-def with_consumers(n: int, fn):
-    """``fn`` run with the new forward's D = 64 programs at ``n`` consumer warpgroups."""
+def variant(name: str) -> dict:
+    """The schedule's arguments for a variant name (``flash_attention_gluon.schedule_spec``)."""
+    return new.schedule_spec(name)
+
+
+def scheduled(name: str, fn):
+    """``fn`` run under the new forward's schedule ``name`` (:func:`variant`)."""
+    kw = variant(name)
+
     def run():
-        keep = new.CONSUMERS[64]
-        new.CONSUMERS[64] = n
-        try:
+        with new.schedule(**kw):
             return fn()
-        finally:
-            new.CONSUMERS[64] = keep
     return run
 
 
-def timings(old, rounds: int, configs: list[dict], consumers: list[int] = ()) -> list[dict]:
+def timings(old, rounds: int, configs: list[dict], variants: list[str] = ()) -> list[dict]:
     import torch.nn.functional as F
     import triton.testing
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -129,10 +140,8 @@ def timings(old, rounds: int, configs: list[dict], consumers: list[int] = ()) ->
         p = _problem(B, H, H, N, N, D, causal)
         fns = {"old": partial(old.forward, q, k, v, p), "new": partial(new.forward, q, k, v, p),
                "cudnn": partial(cudnn, q, k, v, causal)}
-        if D == 64:
-            for n in consumers:
-                if n != new.consumers(64):
-                    fns[f"new_c{n}"] = with_consumers(n, fns["new"])
+        for name in variants:
+            fns[f"new+{name}"] = scheduled(name, fns["new"])
         times = {name: [] for name in fns}
         for r in range(rounds):
             order = list(fns) if r % 2 == 0 else list(reversed(list(fns)))
@@ -143,15 +152,15 @@ def timings(old, rounds: int, configs: list[dict], consumers: list[int] = ()) ->
         row = dict(dtype=dt, D=D, N=N, B=B, H=H, causal=causal, rounds=times,
                    median_ms=med, old_over_new=med["old"] / med["new"],
                    cudnn_over_new=med["cudnn"] / med["new"],
-                   **{f"{name}_over_new": med[name] / med["new"] for name in med
-                      if name.startswith("new_c")},
+                   variant_over_new={name[4:]: med[name] / med["new"] for name in med
+                                     if name.startswith("new+")},
                    tflops={name: flops / (m * 1e-3) / 1e12 for name, m in med.items()})
         out.append(row)
         print(f"{dt} D{D} N{N} causal={causal}: old {med['old']:.3f} new {med['new']:.3f} cuDNN "
               f"{med['cudnn']:.3f} ms; old/new {row['old_over_new']:.3f}, cuDNN/new "
               f"{row['cudnn_over_new']:.3f}" + "".join(
                   f"; {name} {med[name]:.3f} ({med[name] / med['new']:.3f})"
-                  for name in med if name.startswith("new_c")), flush=True)
+                  for name in med if name.startswith("new+")), flush=True)
     return out
 
 
@@ -173,23 +182,28 @@ def main(argv=None) -> int:
     ap.add_argument("--d", default="128,64", help="timed head dims (64 and/or 128)")
     ap.add_argument("--n", default=[4096], type=bench._ns,
                     help="timed lengths, comma-separated, of the benchmark's 1024, 4096, 16384")
-    ap.add_argument("--consumers", default="",
-                    help="consumer warpgroups per program (2 and/or 3) to time the new "
-                         "forward with at D 64 besides its default")
+    ap.add_argument("--variants", default="",
+                    help="comma-separated schedules of the new forward to check and time "
+                         "besides its default, each a +-joined set of c2, c3, early, split")
     args = ap.parse_args(argv)
     if not 1 <= args.rounds <= 50:
         ap.error(f"--rounds must be in 1..50, got {args.rounds}")
     ds = _ints(ap, "--d", args.d, {64, 128})
-    consumers = _ints(ap, "--consumers", args.consumers, {2, 3}) if args.consumers else []
+    variants = [x for x in args.variants.split(",") if x]
+    for name in variants:
+        try:
+            variant(name)
+        except ValueError as exc:
+            ap.error(f"--variants: {exc}")
     if not (torch.cuda.is_available() and new.AVAILABLE):
         raise SystemExit("gluon_fwd_ab: needs an sm_90 GPU and a Triton with Gluon")
     old = load_old(args.old)
     import triton
     rep = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                triton=triton.__version__, old=str(args.old))
-    rep["bits"] = bits(old)
+    rep["bits"] = bits(old, variants)
     args.out.write_text(json.dumps(rep, indent=1))
-    rep["timings"] = timings(old, args.rounds, timed(ds, args.n), consumers)
+    rep["timings"] = timings(old, args.rounds, timed(ds, args.n), variants)
     args.out.write_text(json.dumps(rep, indent=1))
     differ = [r for r in rep["bits"] if not r["bitwise_equal"]]
     print(f"bits: {len(rep['bits']) - len(differ)} of {len(rep['bits'])} equal")

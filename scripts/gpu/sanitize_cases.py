@@ -11,7 +11,9 @@ forward's shape) and no shared memory of its own, each partition writing its own
 elements: what racecheck reports for it comes from how the partitions are started, not
 from any kernel's data. ``--ws-ring-probe`` adds the forward's synchronisation (a TMA ring
 with mbarriers between a producer warp and two consumer partitions), still without shared
-memory of the kernel's own beyond the ring.
+memory of the kernel's own beyond the ring. ``--schedule c3+early+split`` runs the Gluon
+forward under that schedule (``flash_attention_gluon.schedule_spec``; at D 64 with N 128 or
+256 the last tile of three consumers leaves one or two of them without rows).
 """
 
 from __future__ import annotations
@@ -125,7 +127,19 @@ def main(argv=None) -> int:
                     help="only the partition-start probe (see the module docstring)")
     ap.add_argument("--ws-ring-probe", action="store_true",
                     help="only the mbarrier ring probe (see _ws_ring_probe)")
+    ap.add_argument("--schedule", default="",
+                    help="the Gluon forward's schedule, a +-joined set of "
+                         f"{', '.join(flash_attention_gluon.SCHEDULE_PARTS)} (default: its own)")
     args = ap.parse_args(argv)
+    try:
+        kw = flash_attention_gluon.schedule_spec(args.schedule) if args.schedule else {}
+    except ValueError as exc:
+        ap.error(f"--schedule: {exc}")
+    with flash_attention_gluon.schedule(**kw):
+        return _run(args)
+
+
+def _run(args) -> int:
     if args.ws_probe:
         return _ws_probe()
     if args.ws_ring_probe:

@@ -354,9 +354,10 @@ if has fwdab; then
   # a detached campaign
   el fwdab
   use_triton39 fwdab
-  # shellcheck disable=SC2086  # AB_ARGS: more of gluon_fwd_ab.py's options, e.g. --consumers 2,3
-  timeout -s TERM 300 python3 scripts/gpu/gluon_fwd_ab.py --old "${AB_OLD:-.ab/OLD}" \
-    --rounds "${AB_ROUNDS:-3}" ${AB_ARGS:-} --out "$R/fwdab.json" > "$R/fwdab.log" 2>&1
+  # shellcheck disable=SC2086  # AB_ARGS: more of gluon_fwd_ab.py's options, e.g.
+  # --variants c3,c3+early+split (AB_TIMEOUT seconds, default 300)
+  timeout -s TERM "${AB_TIMEOUT:-300}" python3 scripts/gpu/gluon_fwd_ab.py \
+    --old "${AB_OLD:-.ab/OLD}" --rounds "${AB_ROUNDS:-3}" ${AB_ARGS:-} --out "$R/fwdab.json" > "$R/fwdab.log" 2>&1
   el "fwdab exit=$?"
 fi
 if has fwdab-checks; then
@@ -365,10 +366,18 @@ if has fwdab-checks; then
   timeout -s TERM 400 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_flash_gluon.py \
     > "$R/fwdab-pytest.log" 2>&1
   el "fwdab-checks pytest exit=$?"
+  # SAN_SCHEDULE: the forward's schedule under the sanitizers too (a second pass per tool),
+  # e.g. c3+early+split (sanitize_cases.py --schedule)
   for tool in racecheck synccheck; do
     timeout -s TERM 300 compute-sanitizer --tool $tool --print-limit 1000 python3 \
       scripts/gpu/sanitize_cases.py --ns 128,256 --ds 64,128 > "$R/fwdab-$tool.log" 2>&1
     el "fwdab-checks $tool exit=$?"
+    if [ -n "${SAN_SCHEDULE:-}" ]; then
+      timeout -s TERM 300 compute-sanitizer --tool $tool --print-limit 1000 python3 \
+        scripts/gpu/sanitize_cases.py --ns 128,256 --ds 64,128 --schedule "$SAN_SCHEDULE" \
+        > "$R/fwdab-$tool-$SAN_SCHEDULE.log" 2>&1
+      el "fwdab-checks $tool $SAN_SCHEDULE exit=$?"
+    fi
   done
 fi
 if has accept; then
