@@ -1,7 +1,7 @@
 """Registers, spills and shared memory of our kernels on sm_90a, compiled without a GPU.
 
     python3 scripts/ptxas_report.py --out docs/benchmarks/ptxas_sm90.json [--sweep]
-        [--d 128] [--dtype bfloat16] [--ptx-dir DIR]
+        [--d 128] [--dtype bfloat16] [--ptx-dir DIR] [--schedule c3+early+split]
 
 Triton lowers a kernel to PTX for any target on any machine; the PTX assembler that ships
 with Triton's NVIDIA backend (``ptxas -v``) then reports each kernel's registers per thread
@@ -17,7 +17,11 @@ before spending GPU time on it (the dK/dV kernel's 255 registers and spills in t
 profile, docs/benchmarks/profile_h200.md, show here too); and the PTX hashes tell whether a
 change to the kernels' source changes the compiled code at all (a refactor that leaves
 every hash equal needs no re-timing: ``--against`` an earlier report lists the launches
-whose code differs and exits 1 if any does). Static numbers, not speed: Triton's version decides
+whose code differs and exits 1 if any does). ``--schedule`` compiles the Gluon forward under
+one of its schedules (``flash_attention_gluon.schedule_spec``); with ``--ptx-dir`` each
+Gluon forward record also lists its consumer loops from the SASS (:func:`exp_wait_order`:
+instructions, exponentials before and after the wait for P V, spill stores and loads
+inside the loop). Static numbers, not speed: Triton's version decides
 the code (the H200 runs triton 3.6; run this under the same version for figures that
 match it).
 """
@@ -42,7 +46,8 @@ _ROOT = Path(__file__).resolve().parent.parent
 H200_SMEM = 232448  # the H200's opt-in shared memory per block (bytes)
 SHAPE = dict(B=16, H=16, N=4096)  # the benchmark shape (kernels.bench, sweep_hopper)
 SHOWN = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "TMA", "WS", "REVERSE", "BAND", "ATOMIC_DQ", "ROWS",
-         "EARLY", "PERSIST", "HALVES")
+         "EARLY", "PERSIST", "HALVES", "NC", "EARLY_P", "SPLIT", "RAGGED")
+GLUON_FWD = ("_fwd_kernel", "_fwd_persistent_kernel")  # the Gluon forward's two kernels
 KERNELS = {"fwd": "_fwd_kernel_impl", "dkdv": "_bwd_dkdv_kernel_impl",
            "dq": "_bwd_dq_kernel_impl"}  # the Gluon forward is "_fwd_kernel"
 
@@ -108,7 +113,9 @@ def exp_wait_order(cubin: Path) -> list[dict]:
         last = waits[-1] if waits else len(body)
         loops.append(dict(start=start, end=addr, instructions=len(body),
                           exp_before_wait=sum("MUFU.EX2" in x for x in body[:last]),
-                          exp_after_wait=sum("MUFU.EX2" in x for x in body[last:])))
+                          exp_after_wait=sum("MUFU.EX2" in x for x in body[last:]),
+                          spill_stores=sum(bool(re.search(r"\bSTL\b", x)) for x in body),
+                          spill_loads=sum(bool(re.search(r"\bLDL\b", x)) for x in body)))
     return [x for x in loops if not any(y is not x and x["start"] <= y["start"]
                                         and y["end"] <= x["end"] for y in loops)]
 
@@ -173,10 +180,17 @@ class _Compiler:
             log = buf.getvalue()
             ptx = k.asm["ptx"]
             digest = hashlib.sha256(code_of(ptx).encode()).hexdigest()[:16]
+            loops = None
             if self.ptx_dir is not None:  # the PTX, and the machine code beside it
                 self.ptx_dir.mkdir(parents=True, exist_ok=True)
                 (self.ptx_dir / f"{name}-{digest}.ptx").write_text(ptx)
-                (self.ptx_dir / f"{name}-{digest}.cubin").write_bytes(k.asm["cubin"])
+                cubin = self.ptx_dir / f"{name}-{digest}.cubin"
+                cubin.write_bytes(k.asm["cubin"])
+                if name in GLUON_FWD:
+                    loops = [{x: loop[x] for x in ("instructions", "exp_before_wait",
+                                                   "exp_after_wait", "spill_stores",
+                                                   "spill_loads")}
+                             for loop in exp_wait_order(cubin)]
             regs = re.search(r"Used (\d+) registers", log)
             spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
             if regs is None:
@@ -191,7 +205,8 @@ class _Compiler:
                 spill_store_bytes=int(spill.group(1)) if spill else None,
                 spill_load_bytes=int(spill.group(2)) if spill else None,
                 shared_bytes=k.metadata.shared, ptx_sha256=digest,
-                constexprs={n: named[n] for n in SHOWN if n in named})
+                constexprs={n: named[n] for n in SHOWN if n in named},
+                **({} if loops is None else dict(loops=loops)))
         self.records.append(dict(self._seen[memo], launch=self.tag))
 
 
@@ -226,15 +241,30 @@ def _problem(D: int, dtype: torch.dtype, causal: bool):
 
 
 def run(*, D: int, dtype: torch.dtype, sweep: bool, ptx_dir: Path | None,
-        which: str = "tables") -> dict:
+        which: str = "tables", schedule: str = "") -> dict:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise SystemExit("ptxas_report: unset TRITON_INTERPRET (this compiles for sm_90a)")
     comp = _Compiler(ptx_dir)
     comp.install()
     _patch_for_h200()
     from flashcheck.kernels import flash_attention as fa
+    from flashcheck.kernels import flash_attention_gluon as fg
 
     sw = _script("sweep_hopper")
+    with fg.schedule(**(fg.schedule_spec(schedule) if schedule else {})):
+        _compile_all(comp, fa, sw, D, dtype, sweep, which)
+    import triton
+    ver = subprocess.run([_ptxas(), "--version"], capture_output=True, text=True).stdout
+    return dict(
+        command="python3 scripts/ptxas_report.py " + " ".join(sys.argv[1:]),
+        triton=triton.__version__, torch=torch.__version__,
+        ptxas=(re.findall(r"release [\d.]+, V[\d.]+", ver) or [ver.strip()])[0],
+        target="sm_90a", shape=dict(SHAPE, D=D), dtype=str(dtype).replace("torch.", ""),
+        **({"schedule": schedule} if schedule else {}), kernels=comp.records)
+
+
+def _compile_all(comp, fa, sw, D, dtype, sweep, which) -> None:
+    """Every launch of the table (and, ``sweep``, of the sweep's variants) compiled."""
     todo = [None] + (sw.variants(which) if sweep else [])
     for var in todo:
         for causal in (False, True):
@@ -261,14 +291,6 @@ def run(*, D: int, dtype: torch.dtype, sweep: bool, ptx_dir: Path | None,
                     raise
                 comp.records.append(dict(launch=comp.tag, error=f"{type(e).__name__}: "
                                                                f"{str(e)[:200]}"))
-    import triton
-    ver = subprocess.run([_ptxas(), "--version"], capture_output=True, text=True).stdout
-    return dict(
-        command="python3 scripts/ptxas_report.py " + " ".join(sys.argv[1:]),
-        triton=triton.__version__, torch=torch.__version__,
-        ptxas=(re.findall(r"release [\d.]+, V[\d.]+", ver) or [ver.strip()])[0],
-        target="sm_90a", shape=dict(SHAPE, D=D), dtype=str(dtype).replace("torch.", ""),
-        kernels=comp.records)
 
 
 def main(argv=None) -> int:
@@ -282,6 +304,9 @@ def main(argv=None) -> int:
                     help="with --sweep: which of sweep_hopper.py's variant sets")
     ap.add_argument("--ptx-dir", type=Path, default=None,
                     help="keep each kernel's PTX and cubin here (named by its PTX's hash)")
+    ap.add_argument("--schedule", default="",
+                    help="the Gluon forward's schedule, a +-joined set of c2, c3, early, "
+                         "split (default: its own)")
     ap.add_argument("--against", type=Path, default=None, metavar="REPORT",
                     help="an earlier report of the same options: list the launches whose "
                          "code differs; exit 1 if any does (a refactor's check)")
@@ -294,8 +319,14 @@ def main(argv=None) -> int:
             ap.error(f"--against: cannot read a report from {args.against}: {e}")
     if not 1 <= args.d <= 256:
         ap.error(f"--d must be in 1..256, got {args.d}")
+    if args.schedule:
+        from flashcheck.kernels import flash_attention_gluon as fg
+        try:
+            fg.schedule_spec(args.schedule)
+        except ValueError as exc:
+            ap.error(f"--schedule: {exc}")
     rep = run(D=args.d, dtype=getattr(torch, args.dtype), sweep=args.sweep,
-              ptx_dir=args.ptx_dir, which=args.set)
+              ptx_dir=args.ptx_dir, which=args.set, schedule=args.schedule)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     # One kernel record per line: the report stays readable and diffs line by line.
     head = json.dumps({k: v for k, v in rep.items() if k != "kernels"}, indent=1)[:-2]
@@ -311,7 +342,10 @@ def main(argv=None) -> int:
         print(f"{r['launch']:<48} {r['kernel']:<22} M{c.get('BLOCK_M')} N{c.get('BLOCK_N')} "
               f"w{r['warps']} s{r['stages']} TMA={int(bool(c.get('TMA')))} "
               f"WS={int(bool(c.get('WS')))}: {r['registers']} regs, spill "
-              f"{r['spill_store_bytes']}/{r['spill_load_bytes']} B, smem {r['shared_bytes']}")
+              f"{r['spill_store_bytes']}/{r['spill_load_bytes']} B, smem {r['shared_bytes']}"
+              + ("".join(f"; loop {x['instructions']} ins, ex2 {x['exp_before_wait']}/"
+                         f"{x['exp_after_wait']}, STL {x['spill_stores']}"
+                         for x in r.get("loops", []))))
     if before is not None:
         changed = differences(before, rep)
         for line in changed:
@@ -325,7 +359,7 @@ def main(argv=None) -> int:
 def differences(before: dict, after: dict) -> list[str]:
     """Launches whose compiled code (or compile error) differs between two reports of the
     same options, or that only one of them has."""
-    opts = ("triton", "target", "shape", "dtype")
+    opts = ("triton", "target", "shape", "dtype", "schedule")
     if any(before.get(k) != after.get(k) for k in opts):
         return [f"the reports differ in {[k for k in opts if before.get(k) != after.get(k)]}"]
 

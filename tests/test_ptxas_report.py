@@ -79,3 +79,11 @@ def test_bad_head_dim_is_a_usage_error(tmp_path):
 def test_unreadable_against_report_is_a_usage_error(tmp_path):
     res = _run("--out", str(tmp_path / "r.json"), "--against", str(tmp_path / "missing.json"))
     assert res.returncode == 2 and "--against: cannot read a report" in res.stderr
+
+
+def test_bad_schedule_is_a_usage_error(tmp_path):
+    res = _run("--out", str(tmp_path / "r.json"), "--schedule", "c3+faster")
+    assert res.returncode == 2 and "--schedule" in res.stderr and "'faster'" in res.stderr
+    differences = _module().differences
+    head = dict(triton="3.9.0", target="sm_90a", shape={"D": 64}, dtype="bfloat16", kernels=[])
+    assert "schedule" in differences(head, dict(head, schedule="c3"))[0]
