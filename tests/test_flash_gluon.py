@@ -165,23 +165,39 @@ def test_fits_is_the_calls_side_without_a_device_query():
     assert not fg.fits(p, q.transpose(1, 2).contiguous().transpose(1, 2), k, k)
 
 
+# The Gluon forward's four launches (per tile and persistent, causal or not) at head dim D
+# under the schedule kw, compiled for sm_90a (the H200's 132 multiprocessors for the
+# persistent grid; at D 64 the per-tile grid takes only more than 4096 keys).
 _COMPILE = r"""
 from flashcheck.kernels import _common
 from flashcheck.kernels import flash_attention_gluon as g
 from flashcheck.kernels._common import Problem
-_common.sm_count = lambda device: 132  # the H200's multiprocessors (the persistent grid)
-for mode in ("tile", "auto"):  # auto: persistent at 2048 keys
+_common.sm_count = lambda device: 132
+D, kw = json.loads(sys.argv[2])
+for mode, Nk in (("tile", 8192 if D == 64 else 2048), ("auto", 4096 if D == 64 else 2048)):
     for causal in (False, True):
-        q = torch.empty(2, 4, 1024, 128, dtype=torch.bfloat16)
-        k = torch.empty(2, 2, 2048, 128, dtype=torch.bfloat16)
-        p = Problem(B=2, Hq=4, Hkv=2, Nq=1024, Nk=2048, D=128, scale=128 ** -0.5,
+        q = torch.empty(2, 4, 1024, D, dtype=torch.bfloat16)
+        k = torch.empty(2, 2, Nk, D, dtype=torch.bfloat16)
+        p = Problem(B=2, Hq=4, Hkv=2, Nq=1024, Nk=Nk, D=D, scale=D ** -0.5,
                     has_lo=False, has_hi=causal, lo_off=0, hi_off=0, is_causal=causal,
                     mask=None, mask_kind=0)
         comp.tag = f"{mode} causal={causal}"
-        with _common.gluon(mode):
+        with _common.gluon(mode), g.schedule(**kw):
             g.forward(q, k, k, p)
 print(json.dumps(comp.records))
 """
+
+
+def _compile(D: int, kw: dict, ptx_dir: Path) -> list[dict]:
+    """:data:`_COMPILE`'s records (registers, spills, shared memory, PTX hash per launch),
+    its PTX and cubins kept under ``ptx_dir``."""
+    res = compile_for_sm90(_COMPILE.replace("json.loads(sys.argv[2])", repr([D, kw])),
+                           ptx_dir, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    recs = json.loads(res.stdout.strip().splitlines()[-1])
+    assert [(r["launch"].split()[0], r["kernel"]) for r in recs] == [
+        ("tile", "_fwd_kernel")] * 2 + [("auto", "_fwd_persistent_kernel")] * 2
+    return recs
 
 
 def test_compiles_for_sm90_with_its_partitions_and_overlap(tmp_path):
@@ -195,11 +211,7 @@ def test_compiles_for_sm90_with_its_partitions_and_overlap(tmp_path):
     pytest.importorskip("triton.backends.nvidia.compiler")
     if not fg.AVAILABLE:
         pytest.skip("this Triton has no Gluon warp_specialize")
-    res = compile_for_sm90(_COMPILE, tmp_path, timeout=900)
-    assert res.returncode == 0, res.stderr[-3000:]
-    recs = json.loads(res.stdout.strip().splitlines()[-1])
-    assert [(r["launch"].split()[0], r["kernel"]) for r in recs] == [
-        ("tile", "_fwd_kernel")] * 2 + [("auto", "_fwd_persistent_kernel")] * 2
+    recs = _compile(128, {}, tmp_path)
     for r in recs:
         assert r["registers"] == fg.MAXNREG and r["shared_bytes"] <= 227 * 1024, r
         # Spills by ptxas release (ptxas -v, bf16 D 128): per tile 0 / 4 bytes (not causal
@@ -248,26 +260,6 @@ def _loops_overlap(ptx_dir: Path, recs: list[dict], consumers: int, split: bool 
                 cubin.name, loop)
 
 
-_COMPILE_SCHEDULE = r"""
-from flashcheck.kernels import _common
-from flashcheck.kernels import flash_attention_gluon as g
-from flashcheck.kernels._common import Problem
-_common.sm_count = lambda device: 132
-D, kw = json.loads(sys.argv[2])
-for mode, Nk in (("tile", 8192), ("auto", 4096 if D == 64 else 2048)):
-    for causal in (False, True):
-        q = torch.empty(2, 4, 1024, D, dtype=torch.bfloat16)
-        k = torch.empty(2, 2, Nk, D, dtype=torch.bfloat16)
-        p = Problem(B=2, Hq=4, Hkv=2, Nq=1024, Nk=Nk, D=D, scale=D ** -0.5,
-                    has_lo=False, has_hi=causal, lo_off=0, hi_off=0, is_causal=causal,
-                    mask=None, mask_kind=0)
-        comp.tag = f"{mode} causal={causal}"
-        with _common.gluon(mode), g.schedule(**kw):
-            g.forward(q, k, k, p)
-print(json.dumps(comp.records))
-"""
-
-
 def test_the_consumer_counts_and_their_register_budgets():
     """Two consumer warpgroups by default (240 registers each, the producer 24, 168 per
     thread for the launch); three as a D 64 schedule (160 each, 128 for the launch: 4
@@ -309,12 +301,7 @@ def test_schedules_compile_with_their_budgets_and_overlap(D, kw, consumers, regs
     pytest.importorskip("triton.backends.nvidia.compiler")
     if not fg.AVAILABLE:
         pytest.skip("this Triton has no Gluon warp_specialize")
-    body = _COMPILE_SCHEDULE.replace("json.loads(sys.argv[2])", repr([D, kw]))
-    res = compile_for_sm90(body, tmp_path, timeout=900)
-    assert res.returncode == 0, res.stderr[-3000:]
-    recs = json.loads(res.stdout.strip().splitlines()[-1])
-    assert [(r["launch"].split()[0], r["kernel"]) for r in recs] == [
-        ("tile", "_fwd_kernel")] * 2 + [("auto", "_fwd_persistent_kernel")] * 2
+    recs = _compile(D, kw, tmp_path)
     consumer_regs = fg.regs(consumers)[1]
     for r in recs:
         assert r["registers"] == regs and r["shared_bytes"] <= 227 * 1024, r

@@ -369,15 +369,12 @@ if has fwdab-checks; then
   # SAN_SCHEDULE: the forward's schedule under the sanitizers too (a second pass per tool),
   # e.g. c3+early+split (sanitize_cases.py --schedule)
   for tool in racecheck synccheck; do
-    timeout -s TERM 300 compute-sanitizer --tool $tool --print-limit 1000 python3 \
-      scripts/gpu/sanitize_cases.py --ns 128,256 --ds 64,128 > "$R/fwdab-$tool.log" 2>&1
-    el "fwdab-checks $tool exit=$?"
-    if [ -n "${SAN_SCHEDULE:-}" ]; then
+    for sched in "" ${SAN_SCHEDULE:-}; do
       timeout -s TERM 300 compute-sanitizer --tool $tool --print-limit 1000 python3 \
-        scripts/gpu/sanitize_cases.py --ns 128,256 --ds 64,128 --schedule "$SAN_SCHEDULE" \
-        > "$R/fwdab-$tool-$SAN_SCHEDULE.log" 2>&1
-      el "fwdab-checks $tool $SAN_SCHEDULE exit=$?"
-    fi
+        scripts/gpu/sanitize_cases.py --ns 128,256 --ds 64,128 ${sched:+--schedule "$sched"} \
+        > "$R/fwdab-$tool${sched:+-$sched}.log" 2>&1
+      el "fwdab-checks $tool${sched:+ $sched} exit=$?"
+    done
   done
 fi
 if has accept; then
