@@ -93,7 +93,9 @@ def test_fwd_ab_times_each_head_dim_and_length_asked_for():
 
 @pytest.mark.parametrize("argv, name", [(["--d", "96"], "--d"), (["--n", "4000"], "--n"),
                                         (["--n", "x"], "--n"), (["--variants", "c3+fast"],
-                                                                "--variants")])
+                                                                "--variants"),
+                                        (["--prewarm", "33"], "--prewarm"),
+                                        (["--warm", "2/2"], "--warm"), (["--warm", "x"], "--warm")])
 def test_fwd_ab_refuses_a_head_dim_or_length_it_does_not_time(argv, name, capsys):
     ab = load("scripts/gpu/gluon_fwd_ab.py", "gluon_fwd_ab_timed")
     with pytest.raises(SystemExit):

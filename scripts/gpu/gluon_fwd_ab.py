@@ -2,7 +2,7 @@
 
     python3 scripts/gpu/gluon_fwd_ab.py --old .ab/OLD --out FILE.json [--rounds 5]
                                         [--d 128,64] [--n 4096] [--variants c3,early+split]
-                                        [--no-bits]
+                                        [--no-bits] [--prewarm J]
 
 ``--old`` is a checkout of this repository (``git archive COMMIT | tar -x -C .ab/OLD``; the
 device call carries ``.ab``): its ``kernels/flash_attention_gluon.py`` is loaded beside the
@@ -28,9 +28,12 @@ between the two.
    forward like the default, and timed beside it as "new+NAME" with the ratio
    new+NAME / new (below 1: the variant is faster).
 
-``--no-bits`` skips 1. (compiling every schedule for every problem takes minutes: the bits
-of five forwards on 32 problems ran past 420 s on an H100); the report's ``bits`` is then
-empty and its timings say nothing of equality. Each timed row is written as it comes.
+``--prewarm J``: J processes of this script first compile, side by side, every kernel the
+run will launch (their shares of the bit problems and of the timed configurations; the
+Triton cache is on disk), so the timed process compiles nothing; ``prewarm_s`` in the
+report. ``--no-bits`` skips 1. (compiled one after the other, the bits of five forwards on
+32 problems ran past 420 s on an H100); the report's ``bits`` is then empty and its timings
+say nothing of equality. Each timed row is written as it comes.
 """
 
 from __future__ import annotations
@@ -85,31 +88,32 @@ def load_old(tree: Path):
     return mod
 
 
-def bits(old, variants: list[str] = ()) -> list[dict]:
+def bits(old, variants: list[str] = (), share: tuple[int, int] = (0, 1)) -> list[dict]:
     """Every problem of PROBLEMS in bf16 and fp16, the new forward in its default schedule
-    and in each of ``variants``, against the old one (run once per problem): bit for bit."""
+    and in each of ``variants``, against the old one (run once per problem): bit for bit.
+    ``share=(i, J)``: the i-th of J interleaved shares of the (dtype, problem) pairs."""
     rows = []
-    for dtype in (torch.bfloat16, torch.float16):
-        for (B, Hq, Hkv, Nq, Nk, D, causal, grid) in PROBLEMS:
-            g = torch.Generator(device="cuda").manual_seed(hash((B, Hq, Nq, Nk, D)) % 2**31)
-            q = torch.randn(B, Hq, Nq, D, device="cuda", dtype=dtype, generator=g)
-            k = torch.randn(B, Hkv, Nk, D, device="cuda", dtype=dtype, generator=g)
-            v = torch.randn(B, Hkv, Nk, D, device="cuda", dtype=dtype, generator=g)
-            p = _problem(B, Hq, Hkv, Nq, Nk, D, causal)
-            with _common.gluon(grid):
-                o1, l1 = old.forward(q, k, v, p)
-            for name in ("", *variants):
-                with _common.gluon(grid), new.schedule(**(variant(name) if name else {})):
-                    o2, l2 = new.forward(q, k, v, p)
-                torch.cuda.synchronize()
-                same = torch.equal(o1.view(torch.int16), o2.view(torch.int16)) and torch.equal(
-                    l1.view(torch.int32), l2.view(torch.int32))
-                rows.append(dict(variant=name or "default", dtype=str(dtype).split(".")[1],
-                                 B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, D=D, causal=causal,
-                                 grid=grid, bitwise_equal=same,
-                                 o_max_diff=float((o1.float() - o2.float()).abs().max()),
-                                 lse_max_diff=float((l1 - l2).abs().max())))
-                print(("same " if same else "DIFFERENT ") + json.dumps(rows[-1]), flush=True)
+    pairs = [(dt, pr) for dt in (torch.bfloat16, torch.float16) for pr in PROBLEMS]
+    for dtype, (B, Hq, Hkv, Nq, Nk, D, causal, grid) in pairs[share[0]::share[1]]:
+        g = torch.Generator(device="cuda").manual_seed(hash((B, Hq, Nq, Nk, D)) % 2**31)
+        q = torch.randn(B, Hq, Nq, D, device="cuda", dtype=dtype, generator=g)
+        k = torch.randn(B, Hkv, Nk, D, device="cuda", dtype=dtype, generator=g)
+        v = torch.randn(B, Hkv, Nk, D, device="cuda", dtype=dtype, generator=g)
+        p = _problem(B, Hq, Hkv, Nq, Nk, D, causal)
+        with _common.gluon(grid):
+            o1, l1 = old.forward(q, k, v, p)
+        for name in ("", *variants):
+            with _common.gluon(grid), new.schedule(**(variant(name) if name else {})):
+                o2, l2 = new.forward(q, k, v, p)
+            torch.cuda.synchronize()
+            same = torch.equal(o1.view(torch.int16), o2.view(torch.int16)) and torch.equal(
+                l1.view(torch.int32), l2.view(torch.int32))
+            rows.append(dict(variant=name or "default", dtype=str(dtype).split(".")[1],
+                             B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, D=D, causal=causal,
+                             grid=grid, bitwise_equal=same,
+                             o_max_diff=float((o1.float() - o2.float()).abs().max()),
+                             lse_max_diff=float((l1 - l2).abs().max())))
+            print(("same " if same else "DIFFERENT ") + json.dumps(rows[-1]), flush=True)
     return rows
 
 
@@ -174,6 +178,55 @@ def timings(old, rounds: int, configs: list[dict], variants: list[str] = (),
     return out
 
 
+def warm(old, variants: list[str], configs: list[dict], share: tuple[int, int],
+         bits_too: bool = True) -> None:
+    """Compile into the Triton cache what :func:`bits` (``bits_too``) and :func:`timings`
+    launch: the ``share`` of the bit problems (run as :func:`bits` runs them) and of
+    ``configs`` (each forward called once), nothing timed (``--prewarm``'s processes)."""
+    if bits_too:
+        bits(old, variants, share)
+    for c in configs[share[0]::share[1]]:
+        dtype = getattr(torch, c["dtype"])
+        q, k, v = (torch.randn(c["B"], c["H"], c["N"], c["D"], device="cuda", dtype=dtype)
+                   for _ in range(3))
+        p = _problem(c["B"], c["H"], c["H"], c["N"], c["N"], c["D"], c["causal"])
+        old.forward(q, k, v, p)
+        for name in ("", *variants):
+            with new.schedule(**(variant(name) if name else {})):
+                new.forward(q, k, v, p)
+    torch.cuda.synchronize()
+
+
+def prewarm(argv: list[str], jobs: int) -> float:
+    """``jobs`` processes of this script with ``argv`` and ``--warm i/jobs`` side by side,
+    each compiling its share (:func:`warm`; their output discarded): the timed process then
+    finds every kernel in the Triton cache. Returns the seconds they took; any of them
+    failing stops the run (its last lines on stderr)."""
+    import subprocess
+    import time
+    t0 = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, __file__, *argv, "--warm", f"{i}/{jobs}"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for i in range(jobs)]
+    errs = [(p.wait(), p.stderr.read()) for p in procs]
+    bad = [(i, rc, err) for i, (rc, err) in enumerate(errs) if rc != 0]
+    if bad:
+        i, rc, err = bad[0]
+        raise SystemExit(f"gluon_fwd_ab: --prewarm process {i} exited {rc}:\n{err[-2000:]}")
+    return time.monotonic() - t0
+
+
+def _share(ap, text: str) -> tuple[int, int]:
+    i, _, j = text.partition("/")
+    try:
+        share = (int(i), int(j))
+    except ValueError:
+        share = (0, 0)
+    if not 0 <= share[0] < share[1]:
+        ap.error(f"--warm must be I/J with 0 <= I < J, got {text!r}")
+    return share
+
+
 def _ints(ap, name: str, text: str, allowed: set[int]) -> list[int]:
     try:
         vals = [int(x) for x in text.split(",") if x.strip()]
@@ -195,12 +248,19 @@ def main(argv=None) -> int:
     ap.add_argument("--no-bits", action="store_true",
                     help="time only: the bit check skipped (for a call short of device time, "
                          "after a run that checked the same trees' bits)")
+    ap.add_argument("--prewarm", type=int, default=0, metavar="J",
+                    help="J processes first compile everything the run launches, side by "
+                         "side (0..32, default 0: each kernel compiled at its first call)")
+    ap.add_argument("--warm", default=None, help=argparse.SUPPRESS)  # i/J: one such process
     ap.add_argument("--variants", default="",
                     help="comma-separated schedules of the new forward to check and time "
                          "besides its default, each a +-joined set of c2, c3, early, split")
     args = ap.parse_args(argv)
     if not 1 <= args.rounds <= 50:
         ap.error(f"--rounds must be in 1..50, got {args.rounds}")
+    if not 0 <= args.prewarm <= 32:
+        ap.error(f"--prewarm must be in 0..32, got {args.prewarm}")
+    share = None if args.warm is None else _share(ap, args.warm)
     ds = _ints(ap, "--d", args.d, {64, 128})
     variants = [x for x in args.variants.split(",") if x]
     for name in variants:
@@ -211,16 +271,23 @@ def main(argv=None) -> int:
     if not (torch.cuda.is_available() and new.AVAILABLE):
         raise SystemExit("gluon_fwd_ab: needs an sm_90 GPU and a Triton with Gluon")
     old = load_old(args.old)
+    configs = timed(ds, args.n)
+    if share is not None:
+        warm(old, variants, configs, share, bits_too=not args.no_bits)
+        return 0
     import triton
     rep = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                triton=triton.__version__, old=str(args.old))
+    if args.prewarm:
+        rep["prewarm_s"] = prewarm(list(sys.argv[1:] if argv is None else argv), args.prewarm)
+        print(f"prewarm: {args.prewarm} processes, {rep['prewarm_s']:.0f} s", flush=True)
     rep["bits"] = [] if args.no_bits else bits(old, variants)
     args.out.write_text(json.dumps(rep, indent=1))
 
     def write(rows):
         rep["timings"] = rows
         args.out.write_text(json.dumps(rep, indent=1))
-    timings(old, args.rounds, timed(ds, args.n), variants, on_row=write)
+    timings(old, args.rounds, configs, variants, on_row=write)
     differ = [r for r in rep["bits"] if not r["bitwise_equal"]]
     print("bits: not checked (--no-bits)" if args.no_bits else
           f"bits: {len(rep['bits']) - len(differ)} of {len(rep['bits'])} equal")

@@ -355,9 +355,11 @@ if has fwdab; then
   el fwdab
   use_triton39 fwdab
   # shellcheck disable=SC2086  # AB_ARGS: more of gluon_fwd_ab.py's options, e.g.
-  # --variants c3,c3+early+split (AB_TIMEOUT seconds, default 300)
+  # --variants c3,c3+early+split (AB_TIMEOUT seconds, default 300); AB_PREWARM processes
+  # (default 12) compile every kernel of the run first, side by side
   timeout -s TERM "${AB_TIMEOUT:-300}" python3 scripts/gpu/gluon_fwd_ab.py \
-    --old "${AB_OLD:-.ab/OLD}" --rounds "${AB_ROUNDS:-3}" ${AB_ARGS:-} --out "$R/fwdab.json" > "$R/fwdab.log" 2>&1
+    --old "${AB_OLD:-.ab/OLD}" --rounds "${AB_ROUNDS:-3}" --prewarm "${AB_PREWARM:-12}" \
+    ${AB_ARGS:-} --out "$R/fwdab.json" > "$R/fwdab.log" 2>&1
   el "fwdab exit=$?"
 fi
 if has fwdab-checks; then
