@@ -208,7 +208,10 @@ def prewarm(argv: list[str], jobs: int) -> float:
     procs = [subprocess.Popen([sys.executable, __file__, *argv, "--warm", f"{i}/{jobs}"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
              for i in range(jobs)]
-    errs = [(p.wait(), p.stderr.read()) for p in procs]
+    errs = []
+    for p in procs:  # each pipe read to its end: a child's stderr never fills it and blocks
+        _, err = p.communicate()
+        errs.append((p.returncode, err))
     bad = [(i, rc, err) for i, (rc, err) in enumerate(errs) if rc != 0]
     if bad:
         i, rc, err = bad[0]
