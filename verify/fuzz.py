@@ -316,11 +316,13 @@ class Campaign:
         entry[2].add(reason)
 
     def _property(self, bar: Progress, state: dict):
+        from flashcheck.verify import interrupts
         from flashcheck.verify.check import error_ratio
         from flashcheck.verify.supervise import CRASH_CLASSES
         from hypothesis import note, reject, target
 
         def prop(case) -> None:
+            interrupts.check()  # a SIGTERM whose own raise was dropped (verify/interrupts.py)
             failing = state["key"] is not None
             if self._past_deadline():
                 raise _StopCampaign
@@ -678,16 +680,14 @@ class Campaign:
         self._write(case, verdict)
 
     def run(self) -> int:
-        import signal
+        from flashcheck.verify.interrupts import interruptible
 
-        def _on_term(signum, frame):  # SIGTERM (e.g. `timeout`) becomes the same as Ctrl-C
-            raise KeyboardInterrupt
-
-        previous = signal.signal(signal.SIGTERM, _on_term)
+        # SIGTERM (e.g. `timeout`) becomes the same as Ctrl-C, and neither is lost
+        # (verify/interrupts.py: prop() checks before each example)
         try:
-            return self._run()
+            with interruptible():
+                return self._run()
         finally:
-            signal.signal(signal.SIGTERM, previous)
             self.sup.close()
 
     def _run(self) -> int:
@@ -763,6 +763,9 @@ class Campaign:
                         # --reuse-compiled: the next round draws from the pool as it is now
                     round_no += 1
             except KeyboardInterrupt:
+                from flashcheck.verify import interrupts
+
+                interrupts.clear()
                 interrupted = True
                 bar.close()
                 print("fuzz: interrupted; keeping what was found")

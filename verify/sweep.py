@@ -142,27 +142,26 @@ def run_cases(kernel: Any, cases: Iterable[Any], device: str, *, kernel_spec: st
     case, with the number of cases and configurations it hit.
     """
     import contextlib
-    import signal
     import time
+
+    from flashcheck.verify import interrupts
 
     if not (isinstance(jobs, int) and jobs >= 1):
         raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
     cases = list(cases)
 
-    def _on_term(signum, frame):  # SIGTERM (e.g. `timeout`) becomes the same as Ctrl-C
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, _on_term)
     t0 = time.monotonic()
 
     def stop() -> str | None:
+        interrupts.check()  # a SIGTERM whose own raise was dropped (verify/interrupts.py)
         if budget_s is not None and time.monotonic() - t0 > budget_s:
             return _budget_reason(budget_s)
         return None
 
     results: dict[int, Any] = {}
     stop_reason = None
-    try:
+    # SIGTERM (e.g. `timeout`) becomes the same as Ctrl-C, and neither is lost
+    with interrupts.interruptible():
         own = supervisor is None
         with Progress(what, len(cases), quiet=quiet) as bar, \
                 (supervisor_for(kernel_spec, device, jobs=jobs, case_timeout=case_timeout,
@@ -175,9 +174,8 @@ def run_cases(kernel: Any, cases: Iterable[Any], device: str, *, kernel_spec: st
                 sup.run(cases, jobs=min(jobs, max(1, len(cases))), results=results, stop=stop,
                         on_result=lambda i, v: bar.advance(cases[i].short()[:60]))
             except KeyboardInterrupt:
+                interrupts.clear()
                 stop_reason = INTERRUPTED
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     if stop_reason is None and budget_s is not None:
         stop_reason = _budget_reason(budget_s)
     done = sorted(results)
