@@ -108,6 +108,7 @@ def test_fwd_ab_runs_each_variant_under_its_schedule_and_restores_the_default():
     ab = load("scripts/gpu/gluon_fwd_ab.py", "gluon_fwd_ab_timed")
     assert ab.variant("c3+early+split") == dict(consumers64=3, early_p=True, split=True)
     assert ab.variant("split") == dict(split=True)
+    assert ab.variant("") == {}  # the default schedule
     seen = []
     run = ab.scheduled("c3+split", lambda: seen.append(
         (ab.new.consumers(64), dict(ab.new.SCHEDULE))) or "out")

@@ -103,7 +103,7 @@ def bits(old, variants: list[str] = (), share: tuple[int, int] = (0, 1)) -> list
         with _common.gluon(grid):
             o1, l1 = old.forward(q, k, v, p)
         for name in ("", *variants):
-            with _common.gluon(grid), new.schedule(**(variant(name) if name else {})):
+            with _common.gluon(grid), new.schedule(**variant(name)):
                 o2, l2 = new.forward(q, k, v, p)
             torch.cuda.synchronize()
             same = torch.equal(o1.view(torch.int16), o2.view(torch.int16)) and torch.equal(
@@ -118,8 +118,17 @@ def bits(old, variants: list[str] = (), share: tuple[int, int] = (0, 1)) -> list
 
 
 def variant(name: str) -> dict:
-    """The schedule's arguments for a variant name (``flash_attention_gluon.schedule_spec``)."""
-    return new.schedule_spec(name)
+    """The schedule's arguments for a variant name (``flash_attention_gluon.schedule_spec``);
+    "" is the default schedule (no arguments)."""
+    return new.schedule_spec(name) if name else {}
+
+
+def _inputs(c: dict):
+    """Fresh q, k, v and the problem of a timed configuration (:func:`timed`)."""
+    dtype = getattr(torch, c["dtype"])
+    q, k, v = (torch.randn(c["B"], c["H"], c["N"], c["D"], device="cuda", dtype=dtype)
+               for _ in range(3))
+    return q, k, v, _problem(c["B"], c["H"], c["H"], c["N"], c["N"], c["D"], c["causal"])
 
 
 def scheduled(name: str, fn):
@@ -147,9 +156,7 @@ def timings(old, rounds: int, configs: list[dict], variants: list[str] = (),
     out = []
     for c in configs:
         dt, D, N, causal, B, H = (c[x] for x in ("dtype", "D", "N", "causal", "B", "H"))
-        dtype = getattr(torch, dt)
-        q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype) for _ in range(3))
-        p = _problem(B, H, H, N, N, D, causal)
+        q, k, v, p = _inputs(c)
         fns = {"old": partial(old.forward, q, k, v, p), "new": partial(new.forward, q, k, v, p),
                "cudnn": partial(cudnn, q, k, v, causal)}
         for name in variants:
@@ -186,14 +193,10 @@ def warm(old, variants: list[str], configs: list[dict], share: tuple[int, int],
     if bits_too:
         bits(old, variants, share)
     for c in configs[share[0]::share[1]]:
-        dtype = getattr(torch, c["dtype"])
-        q, k, v = (torch.randn(c["B"], c["H"], c["N"], c["D"], device="cuda", dtype=dtype)
-                   for _ in range(3))
-        p = _problem(c["B"], c["H"], c["H"], c["N"], c["N"], c["D"], c["causal"])
+        q, k, v, p = _inputs(c)
         old.forward(q, k, v, p)
         for name in ("", *variants):
-            with new.schedule(**(variant(name) if name else {})):
-                new.forward(q, k, v, p)
+            scheduled(name, partial(new.forward, q, k, v, p))()
     torch.cuda.synchronize()
 
 
