@@ -24,13 +24,14 @@ D = 64 under the schedule "c3", as FlashAttention-3 tiles D ≤ 64):
   barriers' phases run on as in a whole tile. Every consumer computes its 64 rows as in any
   other tile: the bits do not depend on NC.
 
-Schedules besides the default (:func:`schedule`, by name :func:`schedule_spec`; none moves
-a bit, each is off until timed on the GPU, and the default compiles to the PTX it did
-before they existed): "c3", three consumers at D = 64; "early", P rounded into P V's operand
-layout as soon as the softmax has made it, so that its fp32 copy is dead before the wait
-(the three consumers' 160 registers then hold S, P and O with few spills); "split", the
-causal loop split at the diagonal, the key tiles below it without the mask (no spills left
-at D = 128: ``scripts/ptxas_report.py``, tests/test_flash_gluon.py).
+Schedules (:func:`schedule`, by name :func:`schedule_spec`; none moves a bit; the defaults
+by head dim in :data:`SCHEDULE`, set from GPU timings): "c3", three consumers at D = 64;
+"early", P rounded into P V's operand layout as soon as the softmax has made it, so that its
+fp32 copy is dead before the wait (the three consumers' 160 registers then hold S, P and O
+with few spills), the default at D = 64, where it is 4-7 % faster ("late": not early);
+"split", the causal loop split at the diagonal, the key tiles below it without the mask (no
+spills left at D = 128: ``scripts/ptxas_report.py``, tests/test_flash_gluon.py). At
+D = 128 the default compiles to the PTX it did before the schedules existed.
 
 The persistent grid, ``_fwd_persistent_kernel``: one program per multiprocessor over every
 tile (``_tile``: a (batch, head)'s query tiles consecutive, so that the programs running at
@@ -101,10 +102,11 @@ STAGES = 2  # K/V ring depth: 2 x 2 x 32 KiB at D = 128, beside Q's 2 x 16 KiB
 # query rows, each K/V tile loaded serves them all. Three fit D = 64 only (their S, P and O
 # in 160 registers with the early_p schedule; shared memory 112 KiB); at D = 128 two.
 CONSUMERS = {128: 2, 64: 2}  # three at D 64 (schedule "c3") are not yet timed on a GPU
-# The consumers' schedule, read at each launch (:func:`_attend`'s EARLY_P and SPLIT): P
-# rounded into P V's operand layout as soon as made, and the causal loop split at the
-# diagonal. Neither moves a bit; both off by default until timed on the GPU.
-SCHEDULE = {"early_p": False, "split": False}
+# The consumers' schedule by head dim, read at each launch (:func:`_attend`'s EARLY_P and
+# SPLIT): P rounded into P V's operand layout as soon as made, and the causal loop split at
+# the diagonal. Neither moves a bit. Early P is the default at D = 64, 4-7 % faster there
+# on every timed row of an H100, not at D = 128 (sweep.md round 31); the split is slower.
+SCHEDULE = {128: {"early_p": False, "split": False}, 64: {"early_p": True, "split": False}}
 PRODUCER_REGS = 24  # the producer warp's registers per thread: the least setmaxnreg allows
 MAXNREG = 168  # the two-consumer kernel's (regs(2)[0])
 
@@ -127,8 +129,14 @@ def consumers(head_dim: int) -> int:
     return CONSUMERS.get(head_dim, 2)
 
 
+def flags(head_dim: int) -> dict:
+    """The consumers' schedule flags for this head dim (:data:`SCHEDULE`)."""
+    return SCHEDULE.get(head_dim, SCHEDULE[128])
+
+
 SCHEDULE_PARTS = {"c2": dict(consumers64=2), "c3": dict(consumers64=3),
-                  "early": dict(early_p=True), "split": dict(split=True)}
+                  "early": dict(early_p=True), "late": dict(early_p=False),
+                  "split": dict(split=True)}
 
 
 def schedule_spec(name: str) -> dict:
@@ -147,20 +155,22 @@ def schedule_spec(name: str) -> dict:
 def schedule(consumers64: int | None = None, early_p: bool | None = None,
              split: bool | None = None):
     """Within the block, launches take these (None: as they are) as D = 64's
-    :data:`CONSUMERS` and :data:`SCHEDULE`'s flags; restored after, also on an error."""
+    :data:`CONSUMERS` and :data:`SCHEDULE`'s flags at every head dim; restored after, also
+    on an error."""
     if consumers64 is not None:
         regs(consumers64)  # the count checked
-    keep = CONSUMERS[64], dict(SCHEDULE)
+    keep = CONSUMERS[64], {d: dict(f) for d, f in SCHEDULE.items()}
     try:
         if consumers64 is not None:
             CONSUMERS[64] = consumers64
-        SCHEDULE.update({k: bool(v) for k, v in (("early_p", early_p), ("split", split))
-                         if v is not None})
+        for f in SCHEDULE.values():
+            f.update({k: bool(v) for k, v in (("early_p", early_p), ("split", split))
+                      if v is not None})
         yield
     finally:
         CONSUMERS[64], saved = keep
-        SCHEDULE.clear()
-        SCHEDULE.update(saved)
+        for d, f in saved.items():
+            SCHEDULE[d].update(f)
 LAUNCHES = [0]  # calls of forward() since import (tests and the GPU session read it)
 
 if AVAILABLE:
@@ -693,7 +703,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Problem):
     maxnreg, consumer_regs = regs(nc)
     meta = dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_D=p.D, STAGES=STAGES, CAUSAL=p.has_hi,
                 NC=nc, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=PRODUCER_REGS,
-                EARLY_P=SCHEDULE["early_p"], SPLIT=SCHEDULE["split"],
+                EARLY_P=flags(p.D)["early_p"], SPLIT=flags(p.D)["split"],
                 RAGGED=p.Nq % (nc * BLOCK_M) != 0, num_warps=4, maxnreg=maxnreg)
     # the last tile takes the rows left (a multiple of 64: supported's rows_ok)
     tiles = (-(-p.Nq // (nc * BLOCK_M)), p.B * p.Hq)

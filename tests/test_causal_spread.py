@@ -110,11 +110,12 @@ def test_fwd_ab_runs_each_variant_under_its_schedule_and_restores_the_default():
     assert ab.variant("split") == dict(split=True)
     assert ab.variant("") == {}  # the default schedule
     seen = []
-    run = ab.scheduled("c3+split", lambda: seen.append(
-        (ab.new.consumers(64), dict(ab.new.SCHEDULE))) or "out")
+    default = {d: dict(f) for d, f in ab.new.SCHEDULE.items()}
+    run = ab.scheduled("c3+late+split", lambda: seen.append(
+        (ab.new.consumers(64), dict(ab.new.flags(64)), dict(ab.new.flags(128)))) or "out")
     assert run() == "out"
-    assert seen == [(3, {"early_p": False, "split": True})]
-    assert ab.new.consumers(64) == 2 and not any(ab.new.SCHEDULE.values())
+    assert seen == [(3, {"early_p": False, "split": True}, {"early_p": False, "split": True})]
+    assert ab.new.consumers(64) == 2 and ab.new.SCHEDULE == default
     with pytest.raises(ZeroDivisionError):
         ab.scheduled("early", lambda: 1 / 0)()
-    assert not any(ab.new.SCHEDULE.values())
+    assert ab.new.SCHEDULE == default

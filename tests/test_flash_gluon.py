@@ -263,7 +263,8 @@ def _loops_overlap(ptx_dir: Path, recs: list[dict], consumers: int, split: bool 
 def test_the_consumer_counts_and_their_register_budgets():
     """Two consumer warpgroups by default (240 registers each, the producer 24, 168 per
     thread for the launch); three as a D 64 schedule (160 each, 128 for the launch: 4
-    warpgroups share the 65536); no other count. ``schedule`` sets and restores."""
+    warpgroups share the 65536); no other count. P rounded early by default at D 64 alone.
+    ``schedule`` sets its flags at every head dim and restores them."""
     assert fg.regs(2) == (168, 240) == (fg.MAXNREG, 240)
     assert fg.regs(3) == (128, 160)
     for nc in (2, 3):
@@ -271,14 +272,16 @@ def test_the_consumer_counts_and_their_register_budgets():
         assert maxnreg * 128 * (nc + 1) <= 65536
         assert consumer * 128 * nc + fg.PRODUCER_REGS * 128 <= maxnreg * 128 * (nc + 1)
     assert (fg.consumers(128), fg.consumers(64)) == (2, 2)
-    assert fg.SCHEDULE == {"early_p": False, "split": False}
+    default = {128: {"early_p": False, "split": False}, 64: {"early_p": True, "split": False}}
+    assert fg.SCHEDULE == default and fg.flags(96) == fg.flags(128)
     with fg.schedule(consumers64=3, split=True):
         assert fg.consumers(64) == 3 and fg.consumers(128) == 2
-        assert fg.SCHEDULE == {"early_p": False, "split": True}
-    with pytest.raises(RuntimeError), fg.schedule(early_p=True):
-        assert fg.SCHEDULE["early_p"]
+        assert fg.SCHEDULE == {128: {"early_p": False, "split": True},
+                               64: {"early_p": True, "split": True}}
+    with pytest.raises(RuntimeError), fg.schedule(early_p=False):
+        assert not fg.flags(64)["early_p"] and not fg.flags(128)["early_p"]
         raise RuntimeError
-    assert fg.consumers(64) == 2 and fg.SCHEDULE == {"early_p": False, "split": False}
+    assert fg.consumers(64) == 2 and fg.SCHEDULE == default
     with pytest.raises(ValueError, match="must be 2 or 3, got 4"):
         fg.regs(4)
     with pytest.raises(ValueError, match="must be 2 or 3, got 4"), fg.schedule(consumers64=4):
@@ -415,8 +418,8 @@ def test_schedules_give_the_default_bits(shape, causal, mode, dtype):
         if not fg.eligible(p, q, k, v):
             pytest.skip("outside this grid's domain")
         want = fg.forward(q, k, v, p)
-        for kw in (dict(consumers64=3), dict(early_p=True), dict(split=True),
-                   dict(consumers64=3, early_p=True, split=True)):
+        for kw in (dict(consumers64=3), dict(early_p=True), dict(early_p=False),
+                   dict(split=True), dict(consumers64=3, early_p=True, split=True)):
             if "consumers64" in kw and D != 64:
                 continue
             with fg.schedule(**kw):
