@@ -28,10 +28,10 @@ Schedules (:func:`schedule`, by name :func:`schedule_spec`; none moves a bit; th
 by head dim in :data:`SCHEDULE`, set from GPU timings): "c3", three consumers at D = 64;
 "early", P rounded into P V's operand layout as soon as the softmax has made it, so that its
 fp32 copy is dead before the wait (the three consumers' 160 registers then hold S, P and O
-with few spills), the default at D = 64, where it is 4-7 % faster ("late": not early);
-"split", the causal loop split at the diagonal, the key tiles below it without the mask (no
-spills left at D = 128: ``scripts/ptxas_report.py``, tests/test_flash_gluon.py). At
-D = 128 the default compiles to the PTX it did before the schedules existed.
+with few spills), 4-7 % faster at D = 64 ("late": not early); "split", the causal loop
+split at the diagonal, the key tiles below it without the mask (no spills left at
+D = 128: ``scripts/ptxas_report.py``, tests/test_flash_gluon.py). The default compiles to
+the PTX it did before the schedules existed.
 
 The persistent grid, ``_fwd_persistent_kernel``: one program per multiprocessor over every
 tile (``_tile``: a (batch, head)'s query tiles consecutive, so that the programs running at
@@ -104,9 +104,10 @@ STAGES = 2  # K/V ring depth: 2 x 2 x 32 KiB at D = 128, beside Q's 2 x 16 KiB
 CONSUMERS = {128: 2, 64: 2}  # three at D 64 (schedule "c3") are not yet timed on a GPU
 # The consumers' schedule by head dim, read at each launch (:func:`_attend`'s EARLY_P and
 # SPLIT): P rounded into P V's operand layout as soon as made, and the causal loop split at
-# the diagonal. Neither moves a bit. Early P is the default at D = 64, 4-7 % faster there
-# on every timed row of an H100, not at D = 128 (sweep.md round 31); the split is slower.
-SCHEDULE = {128: {"early_p": False, "split": False}, 64: {"early_p": True, "split": False}}
+# the diagonal. Neither moves a bit. Early P is 4-7 % faster at D = 64 on every timed row
+# of an H100, not at D = 128 (sweep.md round 31); the split is slower. Both stay off until
+# the GPU checks (gate, campaigns, racecheck and synccheck) have run with them.
+SCHEDULE = {128: {"early_p": False, "split": False}, 64: {"early_p": False, "split": False}}
 PRODUCER_REGS = 24  # the producer warp's registers per thread: the least setmaxnreg allows
 MAXNREG = 168  # the two-consumer kernel's (regs(2)[0])
 

@@ -263,8 +263,8 @@ def _loops_overlap(ptx_dir: Path, recs: list[dict], consumers: int, split: bool 
 def test_the_consumer_counts_and_their_register_budgets():
     """Two consumer warpgroups by default (240 registers each, the producer 24, 168 per
     thread for the launch); three as a D 64 schedule (160 each, 128 for the launch: 4
-    warpgroups share the 65536); no other count. P rounded early by default at D 64 alone.
-    ``schedule`` sets its flags at every head dim and restores them."""
+    warpgroups share the 65536); no other count. The schedule flags by head dim, all off by
+    default; ``schedule`` sets them at every head dim and restores them."""
     assert fg.regs(2) == (168, 240) == (fg.MAXNREG, 240)
     assert fg.regs(3) == (128, 160)
     for nc in (2, 3):
@@ -272,14 +272,13 @@ def test_the_consumer_counts_and_their_register_budgets():
         assert maxnreg * 128 * (nc + 1) <= 65536
         assert consumer * 128 * nc + fg.PRODUCER_REGS * 128 <= maxnreg * 128 * (nc + 1)
     assert (fg.consumers(128), fg.consumers(64)) == (2, 2)
-    default = {128: {"early_p": False, "split": False}, 64: {"early_p": True, "split": False}}
+    default = {d: {"early_p": False, "split": False} for d in (128, 64)}
     assert fg.SCHEDULE == default and fg.flags(96) == fg.flags(128)
     with fg.schedule(consumers64=3, split=True):
         assert fg.consumers(64) == 3 and fg.consumers(128) == 2
-        assert fg.SCHEDULE == {128: {"early_p": False, "split": True},
-                               64: {"early_p": True, "split": True}}
-    with pytest.raises(RuntimeError), fg.schedule(early_p=False):
-        assert not fg.flags(64)["early_p"] and not fg.flags(128)["early_p"]
+        assert fg.SCHEDULE == {d: {"early_p": False, "split": True} for d in (128, 64)}
+    with pytest.raises(RuntimeError), fg.schedule(early_p=True):
+        assert fg.flags(64)["early_p"] and fg.flags(128)["early_p"]
         raise RuntimeError
     assert fg.consumers(64) == 2 and fg.SCHEDULE == default
     with pytest.raises(ValueError, match="must be 2 or 3, got 4"):
