@@ -5,8 +5,8 @@ Gluon (``triton.experimental.gluon``) is Triton's lower-level language: layouts,
 memory, mbarriers, TMA and ``wgmma`` are explicit. Triton's pipeliner waits on every score
 product right after issuing it (docs/benchmarks/sweep.md rounds 11 and 14), so a tile's
 exponentials never run under the next tile's products; here they do. Per program (NC · 64
-query rows of one batch and head; NC, the consumers, ``CONSUMERS`` by head dim: 2, or 3 at
-D = 64 under the schedule "c3", as FlashAttention-3 tiles D ≤ 64):
+query rows of one batch and head; NC, the consumers, in :data:`SCHEDULE` by head dim: 2, or
+3 at D = 64 under the schedule "c3", as FlashAttention-3 tiles D ≤ 64):
 
 - a producer warp (``_loads``) issues every TMA load: Q once per warpgroup, then K and V
   tile by tile into ``STAGES``-deep rings, refilling a slot once every consumer released it
@@ -31,7 +31,9 @@ fp32 copy is dead before the wait (the three consumers' 160 registers then hold 
 with few spills), 4-7 % faster at D = 64 ("late": not early); "split", the causal loop
 split at the diagonal, the key tiles below it without the mask (no spills left at
 D = 128: ``scripts/ptxas_report.py``, tests/test_flash_gluon.py). The default compiles to
-the PTX it did before the schedules existed.
+the PTX it did before the schedules existed. ``FLASHCHECK_GLUON_SCHEDULE`` sets schedules by
+head dim at import (``64=early``: :func:`schedule_env`), so that a candidate default runs
+through the gate and campaigns as it would ship.
 
 The persistent grid, ``_fwd_persistent_kernel``: one program per multiprocessor over every
 tile (``_tile``: a (batch, head)'s query tiles consecutive, so that the programs running at
@@ -71,6 +73,7 @@ TMA copies are renamed); where Gluon does not import or has no ``warp_specialize
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 from flashcheck.kernels import _common
@@ -98,16 +101,17 @@ except ImportError:  # pragma: no cover
 BLOCK_M = 64  # query rows per consumer warpgroup
 BLOCK_N = 128  # keys per tile
 STAGES = 2  # K/V ring depth: 2 x 2 x 32 KiB at D = 128, beside Q's 2 x 16 KiB
-# Consumer warpgroups per program by head dim (2 or 3): a program's tile is CONSUMERS · 64
-# query rows, each K/V tile loaded serves them all. Three fit D = 64 only (their S, P and O
-# in 160 registers with the early_p schedule; shared memory 112 KiB); at D = 128 two.
-CONSUMERS = {128: 2, 64: 2}  # three at D 64 (schedule "c3") are not yet timed on a GPU
-# The consumers' schedule by head dim, read at each launch (:func:`_attend`'s EARLY_P and
-# SPLIT): P rounded into P V's operand layout as soon as made, and the causal loop split at
-# the diagonal. Neither moves a bit. Early P is 4-7 % faster at D = 64 on every timed row
-# of an H100, not at D = 128 (sweep.md round 31); the split is slower. Both stay off until
-# the GPU checks (gate, campaigns, racecheck and synccheck) have run with them.
-SCHEDULE = {128: {"early_p": False, "split": False}, 64: {"early_p": False, "split": False}}
+# The consumers' schedule by head dim, read at each launch: "consumers", the consumer
+# warpgroups per program (2 or 3: a program's tile is consumers · 64 query rows, each K/V
+# tile loaded serves them all; three fit D = 64 only, their S, P and O in 160 registers with
+# early P, shared memory 112 KiB; at D = 128 two), and :func:`_attend`'s EARLY_P and SPLIT:
+# P rounded into P V's operand layout as soon as made, and the causal loop split at the
+# diagonal. None moves a bit. Early P is 4-7 % faster at D = 64 on every timed row of an
+# H100, not at D = 128 (sweep.md round 31); three consumers and the split are not faster
+# everywhere. All stay off until the GPU checks (gate, campaigns, racecheck and synccheck)
+# have run with them. FLASHCHECK_GLUON_SCHEDULE sets them at import (:func:`schedule_env`).
+SCHEDULE = {128: {"consumers": 2, "early_p": False, "split": False},
+            64: {"consumers": 2, "early_p": False, "split": False}}
 PRODUCER_REGS = 24  # the producer warp's registers per thread: the least setmaxnreg allows
 MAXNREG = 168  # the two-consumer kernel's (regs(2)[0])
 
@@ -125,24 +129,25 @@ def regs(nc: int) -> tuple[int, int]:
     return maxnreg, (maxnreg * threads - PRODUCER_REGS * 128) // (128 * nc) // 8 * 8
 
 
-def consumers(head_dim: int) -> int:
-    """Consumer warpgroups per program for this head dim (:data:`CONSUMERS`)."""
-    return CONSUMERS.get(head_dim, 2)
-
-
 def flags(head_dim: int) -> dict:
-    """The consumers' schedule flags for this head dim (:data:`SCHEDULE`)."""
+    """The consumers' schedule for this head dim (:data:`SCHEDULE`; D = 128's elsewhere)."""
     return SCHEDULE.get(head_dim, SCHEDULE[128])
 
 
-SCHEDULE_PARTS = {"c2": dict(consumers64=2), "c3": dict(consumers64=3),
+def consumers(head_dim: int) -> int:
+    """Consumer warpgroups per program for this head dim (:data:`SCHEDULE`)."""
+    return flags(head_dim)["consumers"]
+
+
+# a schedule's parts by name, each the :data:`SCHEDULE` entries it sets at one head dim
+SCHEDULE_PARTS = {"c2": dict(consumers=2), "c3": dict(consumers=3),
                   "early": dict(early_p=True), "late": dict(early_p=False),
                   "split": dict(split=True)}
 
 
-def schedule_spec(name: str) -> dict:
-    """:func:`schedule`'s arguments for a "+"-joined name over :data:`SCHEDULE_PARTS`
-    (``c3+early+split``); the timing and sanitizer scripts take schedules by name."""
+def schedule_flags(name: str) -> dict:
+    """The :data:`SCHEDULE` entries a "+"-joined name over :data:`SCHEDULE_PARTS` sets
+    (``c3+early+split``), later parts over earlier ones."""
     kw = {}
     for part in name.split("+"):
         if part not in SCHEDULE_PARTS:
@@ -152,26 +157,64 @@ def schedule_spec(name: str) -> dict:
     return kw
 
 
+def schedule_spec(name: str) -> dict:
+    """:func:`schedule`'s arguments for a schedule's name (:func:`schedule_flags`; its
+    consumer count as ``consumers64``); the timing and sanitizer scripts take schedules by
+    name."""
+    kw = schedule_flags(name)
+    if "consumers" in kw:
+        kw["consumers64"] = kw.pop("consumers")
+    return kw
+
+
+def schedule_env(text: str) -> dict[int, dict]:
+    """The :data:`SCHEDULE` entries by head dim that ``FLASHCHECK_GLUON_SCHEDULE`` names:
+    comma-separated ``D=NAME`` (``64=early`` or ``64=c3+early,128=split``; empty: none), D
+    one of the table's head dims, NAME as :func:`schedule_flags` takes it, three consumers at
+    D = 64 only. A candidate default runs on the GPU (gate, campaigns, sanitizers) without a
+    source edit."""
+    out: dict[int, dict] = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        d, sep, name = item.partition("=")
+        if not sep or not d.strip().isdigit() or int(d) not in SCHEDULE:
+            raise ValueError(f"FLASHCHECK_GLUON_SCHEDULE: each item must be D=NAME with D one "
+                             f"of {sorted(SCHEDULE)}, got {item!r} in {text!r}")
+        try:
+            f = schedule_flags(name.strip())
+        except ValueError as e:
+            raise ValueError(f"FLASHCHECK_GLUON_SCHEDULE: {e}") from None
+        if f.get("consumers", 2) != 2 and int(d) != 64:
+            raise ValueError(f"FLASHCHECK_GLUON_SCHEDULE: three consumers fit D = 64 only, "
+                             f"got {item!r}")
+        out.setdefault(int(d), {}).update(f)
+    return out
+
+
+for _d, _f in schedule_env(os.environ.get("FLASHCHECK_GLUON_SCHEDULE", "")).items():
+    SCHEDULE[_d].update(_f)
+
+
 @contextlib.contextmanager
 def schedule(consumers64: int | None = None, early_p: bool | None = None,
              split: bool | None = None):
-    """Within the block, launches take these (None: as they are) as D = 64's
-    :data:`CONSUMERS` and :data:`SCHEDULE`'s flags at every head dim; restored after, also
-    on an error."""
+    """Within the block, launches take these (None: as they are) as :data:`SCHEDULE`'s
+    consumer count at D = 64 and its flags at every head dim; restored after, also on an
+    error."""
     if consumers64 is not None:
         regs(consumers64)  # the count checked
-    keep = CONSUMERS[64], {d: dict(f) for d, f in SCHEDULE.items()}
+    saved = {d: dict(f) for d, f in SCHEDULE.items()}
     try:
         if consumers64 is not None:
-            CONSUMERS[64] = consumers64
+            SCHEDULE[64]["consumers"] = consumers64
         for f in SCHEDULE.values():
             f.update({k: bool(v) for k, v in (("early_p", early_p), ("split", split))
                       if v is not None})
         yield
     finally:
-        CONSUMERS[64], saved = keep
         for d, f in saved.items():
             SCHEDULE[d].update(f)
+
+
 LAUNCHES = [0]  # calls of forward() since import (tests and the GPU session read it)
 
 if AVAILABLE:
@@ -700,11 +743,12 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Problem):
     descs = (descriptor(q, BLOCK_M, p.D), descriptor(k, BLOCK_N, p.D),
              descriptor(v, BLOCK_N, p.D), descriptor(out, BLOCK_M, p.D), lse,
              p.scale * _common.LOG2E, p.Nq, p.Nk, p.Hq, p.group, p.Hkv)
-    nc = consumers(p.D)
+    sched = flags(p.D)
+    nc = sched["consumers"]
     maxnreg, consumer_regs = regs(nc)
     meta = dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_D=p.D, STAGES=STAGES, CAUSAL=p.has_hi,
                 NC=nc, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=PRODUCER_REGS,
-                EARLY_P=flags(p.D)["early_p"], SPLIT=flags(p.D)["split"],
+                EARLY_P=sched["early_p"], SPLIT=sched["split"],
                 RAGGED=p.Nq % (nc * BLOCK_M) != 0, num_warps=4, maxnreg=maxnreg)
     # the last tile takes the rows left (a multiple of 64: supported's rows_ok)
     tiles = (-(-p.Nq // (nc * BLOCK_M)), p.B * p.Hq)

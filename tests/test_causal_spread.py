@@ -114,7 +114,8 @@ def test_fwd_ab_runs_each_variant_under_its_schedule_and_restores_the_default():
     run = ab.scheduled("c3+late+split", lambda: seen.append(
         (ab.new.consumers(64), dict(ab.new.flags(64)), dict(ab.new.flags(128)))) or "out")
     assert run() == "out"
-    assert seen == [(3, {"early_p": False, "split": True}, {"early_p": False, "split": True})]
+    assert seen == [(3, {"consumers": 3, "early_p": False, "split": True},
+                     {"consumers": 2, "early_p": False, "split": True})]
     assert ab.new.consumers(64) == 2 and ab.new.SCHEDULE == default
     with pytest.raises(ZeroDivisionError):
         ab.scheduled("early", lambda: 1 / 0)()

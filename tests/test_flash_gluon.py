@@ -11,6 +11,7 @@ Triton forward.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -272,11 +273,12 @@ def test_the_consumer_counts_and_their_register_budgets():
         assert maxnreg * 128 * (nc + 1) <= 65536
         assert consumer * 128 * nc + fg.PRODUCER_REGS * 128 <= maxnreg * 128 * (nc + 1)
     assert (fg.consumers(128), fg.consumers(64)) == (2, 2)
-    default = {d: {"early_p": False, "split": False} for d in (128, 64)}
+    default = {d: {"consumers": 2, "early_p": False, "split": False} for d in (128, 64)}
     assert fg.SCHEDULE == default and fg.flags(96) == fg.flags(128)
     with fg.schedule(consumers64=3, split=True):
         assert fg.consumers(64) == 3 and fg.consumers(128) == 2
-        assert fg.SCHEDULE == {d: {"early_p": False, "split": True} for d in (128, 64)}
+        assert fg.SCHEDULE == {d: {"consumers": 3 if d == 64 else 2, "early_p": False,
+                                   "split": True} for d in (128, 64)}
     with pytest.raises(RuntimeError), fg.schedule(early_p=True):
         assert fg.flags(64)["early_p"] and fg.flags(128)["early_p"]
         raise RuntimeError
@@ -285,7 +287,38 @@ def test_the_consumer_counts_and_their_register_budgets():
         fg.regs(4)
     with pytest.raises(ValueError, match="must be 2 or 3, got 4"), fg.schedule(consumers64=4):
         pass
-    assert fg.consumers(64) == 2
+    assert fg.consumers(64) == 2 and fg.SCHEDULE == default
+
+
+def test_schedules_by_name_and_from_the_environment():
+    """A schedule's name sets its parts in order; ``FLASHCHECK_GLUON_SCHEDULE`` names one per
+    head dim, read at import; a bad item is an error naming the variable, the item and what
+    it may be."""
+    assert fg.schedule_flags("c3+early+split") == dict(consumers=3, early_p=True, split=True)
+    assert fg.schedule_flags("early+late") == dict(early_p=False)
+    assert fg.schedule_spec("c3+late") == dict(consumers64=3, early_p=False)
+    assert fg.schedule_env("") == {}
+    assert fg.schedule_env("64=early") == {64: dict(early_p=True)}
+    assert fg.schedule_env(" 64=c3+early , 128=split") == {
+        64: dict(consumers=3, early_p=True), 128: dict(split=True)}
+    for text, match in (("96=early", r"D one of \[64, 128\], got '96=early'"),
+                        ("early", r"D=NAME .* got 'early'"),
+                        ("64=fast", r"one of \['c2', 'c3', 'early', 'late', 'split'\], got 'fast'"),
+                        ("128=c3", "three consumers fit D = 64 only, got '128=c3'")):
+        with pytest.raises(ValueError, match="FLASHCHECK_GLUON_SCHEDULE: .*" + match):
+            fg.schedule_env(text)
+    code = ("import json; from flashcheck.kernels import flash_attention_gluon as g; "
+            "print(json.dumps([g.SCHEDULE, g.consumers(64)]))")
+    run = functools.partial(subprocess.run, [sys.executable, "-c", code], capture_output=True,
+                            text=True, timeout=300)
+    env = dict(os.environ, FLASHCHECK_GLUON_SCHEDULE="64=c3+early")
+    out = run(env=env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [
+        {"64": dict(consumers=3, early_p=True, split=False),
+         "128": dict(consumers=2, early_p=False, split=False)}, 3]
+    bad = run(env=dict(os.environ, FLASHCHECK_GLUON_SCHEDULE="64=fast"))
+    assert bad.returncode != 0 and "FLASHCHECK_GLUON_SCHEDULE" in bad.stderr
 
 
 @pytest.mark.parametrize("D, kw, consumers, regs, spill_limit", [

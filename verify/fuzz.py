@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flashcheck.verify import interrupts
 from flashcheck.verify import report as R
 from flashcheck.verify.progress import Progress
 
@@ -316,7 +317,6 @@ class Campaign:
         entry[2].add(reason)
 
     def _property(self, bar: Progress, state: dict):
-        from flashcheck.verify import interrupts
         from flashcheck.verify.check import error_ratio
         from flashcheck.verify.supervise import CRASH_CLASSES
         from hypothesis import note, reject, target
@@ -680,12 +680,10 @@ class Campaign:
         self._write(case, verdict)
 
     def run(self) -> int:
-        from flashcheck.verify.interrupts import interruptible
-
         # SIGTERM (e.g. `timeout`) becomes the same as Ctrl-C, and neither is lost
         # (verify/interrupts.py: prop() checks before each example)
         try:
-            with interruptible():
+            with interrupts.interruptible():
                 return self._run()
         finally:
             self.sup.close()
@@ -763,8 +761,6 @@ class Campaign:
                         # --reuse-compiled: the next round draws from the pool as it is now
                     round_no += 1
             except KeyboardInterrupt:
-                from flashcheck.verify import interrupts
-
                 interrupts.clear()
                 interrupted = True
                 bar.close()
