@@ -526,10 +526,20 @@ def test_oracle_device_reaches_workers_and_replay_commands(monkeypatch, tmp_path
     assert args.oracle_device == "device"
     argv = worker_argv(args, 1, tmp_path, "db", 10)
     assert argv[argv.index("--oracle-device") + 1] == "device"
-    for k in REPLAY_ENV:
+    for k in (*REPLAY_ENV, *(k for k in os.environ if k.startswith("FLASHCHECK_"))):
         monkeypatch.delenv(k, raising=False)
     assert replay_command("c.json", "triton", "cuda") == (
         "flashcheck repro c.json --kernel triton --device cuda")
+    # the kernels' settings go in front (the code that failed is launched again); the
+    # harness's own do not
+    monkeypatch.setenv("FLASHCHECK_GLUON_SCHEDULE", "64=early")
+    monkeypatch.setenv("FLASHCHECK_CONTROL_SEED", "7")
+    monkeypatch.setenv("FLASHCHECK_GLUON", "tile")
+    assert replay_command("c.json", "triton", "cuda") == (
+        "env FLASHCHECK_GLUON=tile FLASHCHECK_GLUON_SCHEDULE=64=early "
+        "flashcheck repro c.json --kernel triton --device cuda")
+    for k in ("FLASHCHECK_GLUON_SCHEDULE", "FLASHCHECK_CONTROL_SEED", "FLASHCHECK_GLUON"):
+        monkeypatch.delenv(k)
     monkeypatch.setenv(ORACLE_ENV, "device")
     assert replay_command("c.json", "triton", "cuda").endswith("--oracle-device device")
     # the CPU arithmetic's pins go in front: without them the case rounds otherwise

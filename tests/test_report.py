@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import os
 import re
 
 import pytest
@@ -181,3 +182,22 @@ def test_load_report_rejects_non_reports(tmp_path, content):
                                          (math.inf, "inf"), ("nan", "nan"), (None, "-")])
 def test_fmt(x, text):
     assert R.fmt(x) == text
+
+
+def test_header_records_the_settings_the_run_took(monkeypatch, tmp_path):
+    """The ``FLASHCHECK_*`` variables of the run (the Gluon path and schedule among them) go
+    into the header and every rendering of it: a report on a candidate schedule says so."""
+    for k in [k for k in os.environ if k.startswith("FLASHCHECK_")]:
+        monkeypatch.delenv(k)
+    plain = R.make_header(kernel="triton", device="cpu", command="flashcheck gate")
+    assert plain["settings"] == {}
+    assert "- settings: none" in R.render_markdown(R.build_report([], header=plain))
+    monkeypatch.setenv("FLASHCHECK_GLUON_SCHEDULE", "64=early")
+    monkeypatch.setenv("FLASHCHECK_GLUON", "tile")
+    h = R.make_header(kernel="triton", device="cpu", command="flashcheck gate")
+    assert h["settings"] == {"FLASHCHECK_GLUON": "tile", "FLASHCHECK_GLUON_SCHEDULE": "64=early"}
+    paths = R.write_report(R.build_report([], header=h), tmp_path)
+    md = open(paths["md"]).read()
+    assert "- settings: `FLASHCHECK_GLUON=tile` `FLASHCHECK_GLUON_SCHEDULE=64=early`" in md
+    assert "FLASHCHECK_GLUON=tile FLASHCHECK_GLUON_SCHEDULE=64=early" in open(paths["html"]).read()
+    assert json.load(open(paths["json"]))["header"]["settings"] == h["settings"]

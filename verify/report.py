@@ -129,10 +129,18 @@ def versions() -> dict[str, str | None]:
     }
 
 
+def settings() -> dict[str, str]:
+    """The ``FLASHCHECK_*`` environment variables set for this run, sorted: the kernels' path
+    and schedule (``FLASHCHECK_GLUON``, ``FLASHCHECK_GLUON_SCHEDULE``, ...) and the harness's
+    own, which a replay elsewhere needs beside the command line."""
+    return {k: os.environ[k] for k in sorted(os.environ) if k.startswith("FLASHCHECK_")}
+
+
 def make_header(
     *, kernel: str, device: str, command: Sequence[str] | str | None = None, **extra: Any
 ) -> dict[str, Any]:
-    """The report header: kernel, device, GPU name, versions, date, command line."""
+    """The report header: kernel, device, GPU name, versions, date, command line and the
+    ``FLASHCHECK_*`` settings it ran under."""
     gpu = None
     if device.startswith("cuda"):
         import torch
@@ -150,6 +158,7 @@ def make_header(
         "versions": versions(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": command,
+        "settings": settings(),
         "platform": platform.platform(),
     }
     header.update(extra)
@@ -182,13 +191,21 @@ def config_label(key: Mapping[str, Any]) -> str:
 REPLAY_ENV = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "OMP_NUM_THREADS")
 
 
+# FLASHCHECK_* settings that do not choose what a kernel computes: the oracle's device (a
+# flag of the replay), a worker's profile output and the controls campaign's seed
+HARNESS_ONLY_SETTINGS = (ORACLE_ENV, "FLASHCHECK_WORKER_CPROFILE", "FLASHCHECK_CONTROL_SEED")
+
+
 def replay_command(case_file: str, kernel: str, device: str) -> str:
     """The command that replays ``case_file``: ``flashcheck repro`` with the kernel, the
     device, the oracle's device where it was moved, and, in front, the CPU arithmetic pins
-    (:data:`REPLAY_ENV`) this process runs under."""
+    (:data:`REPLAY_ENV`) and the kernels' ``FLASHCHECK_*`` settings (:func:`settings`: the
+    Gluon path, its schedule, ...; not :data:`HARNESS_ONLY_SETTINGS`) this process runs
+    under, so that the replay launches the code that failed."""
     extra = (["--oracle-device", "device"]  # judged where the kernel ran (--oracle-device)
              if os.environ.get(ORACLE_ENV) == "device" else [])
     pins = [f"{k}={os.environ[k]}" for k in REPLAY_ENV if os.environ.get(k)]
+    pins += [f"{k}={v}" for k, v in settings().items() if k not in HARNESS_ONLY_SETTINGS]
     return shlex.join([*(["env", *pins] if pins else []), "flashcheck", "repro",
                        str(case_file), "--kernel", kernel, "--device", device, *extra])
 
@@ -390,6 +407,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         f"- versions: {vers}",
         f"- date: {h.get('date')}",
         f"- command: `{h.get('command')}`",
+        f"- settings: {' '.join(f'`{k}={v}`' for k, v in h.get('settings', {}).items()) or 'none'}",
         "",
         f"**{s['cases']} cases in {s['configs']} configurations: {s['pass']} pass, "
         f"{s['fail']} fail, {s['not_run']} not run.**",
@@ -626,7 +644,9 @@ def render_html(report: Mapping[str, Any], plots: Mapping[str, str] | None = Non
     ]
     for k, v in (("kernel", h.get("kernel")), ("device", h.get("device")),
                  ("GPU", h.get("gpu") or "none"), ("versions", vers), ("date", h.get("date")),
-                 ("command", h.get("command"))):
+                 ("command", h.get("command")),
+                 ("settings", " ".join(f"{k}={v}" for k, v in h.get("settings", {}).items())
+                  or "none")):
         out.append(f"<tr><td><b>{e(k)}</b></td><td><code>{e(str(v))}</code></td></tr>")
     out.append("</table>")
     out.append('<h2>Summary</h2><p class="counts">')
