@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import os
 
 import pytest
@@ -836,3 +837,59 @@ def test_fast_exp_control_rounding_o_the_other_way_is_within_the_floor():
     for bad in (-1e-4, 2.0**-8, math.nan, 1):
         with pytest.raises(ValueError, match=r"fast_exp must be a float in \[0, 2\^-8\)"):
             error_model(*args, **kw, fast_exp=bad)
+
+
+def test_a_members_intermediate_overflow_into_nan_is_accepted_there_and_only_there():
+    """Controls campaign seed 148106214: fp16 GQA 6/3, logits normal(30), dO normal(100). A
+    query head's dK contribution goes past 65504 with the group's heads of opposite signs,
+    so FlashAttention-2's choice (dK per query head in the input dtype, then summed: members
+    gqa_per_head_rounded and gqa_expand_autograd) sums +inf and -inf into NaN where the
+    exact dK is 3538. Its controls make the same NaN; it is accepted where a member makes
+    it and named in the report, and a NaN anywhere else still fails."""
+    from pathlib import Path
+
+    from flashcheck.verify.check import check_case
+    from flashcheck.verify.controls.gqa_per_head_rounded import attention
+
+    case, _ = load_case_file(Path(__file__).parent / "data"
+                             / "gqa_per_head_control_nan_overflow.json")
+    for name in ("gqa_per_head_rounded", "gqa_expand_autograd"):
+        ctl = importlib.import_module(f"flashcheck.verify.controls.{name}").attention
+        v = check_case(ctl, case, "cpu")
+        assert v.status == "pass", v.summary()
+        assert v.tensors["dk"].note == ("1 NaN accepted where gqa_per_head_rounded, "
+                                        "gqa_expand_autograd overflow in an intermediate")
+
+    # the overflow is the choice's, not the control's: exact per-head contributions
+    inp = case.materialize("cpu")
+    q, k, v = (t.double().requires_grad_() for t in (inp.query, inp.key, inp.value))
+    g = case.Hq // case.Hkv
+    ke, ve = (t.repeat_interleave(g, dim=1) for t in (k, v))
+    s = (q @ ke.transpose(-1, -2)) * case.D ** -0.5
+    out = torch.softmax(s, -1) @ ve
+    dk_head = torch.autograd.grad(out, ke, inp.grad_out.double())[0]
+    at = (0, 2, 61, 49)  # the NaN's element of dK (kv head 2: query heads 4 and 5)
+    heads = dk_head[0, 4:6, 61, 49]
+    assert heads.abs().max() > 65504 and heads[0].sign() != heads[1].sign()
+    assert abs(float(heads.sum()) - 3537.95) < 0.01
+
+    # elsewhere a NaN is a failure: the same control, one more dK element poisoned
+    class _Poison(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t.view_as(t)
+
+        @staticmethod
+        def backward(ctx, grad):
+            grad = grad.clone()
+            grad[0, 0, 3, 7] = math.nan
+            return grad
+
+    def poisoned(q, k, v, **kw):
+        return attention(q, _Poison.apply(k), v, **kw)
+
+    poisoned.capabilities = attention.capabilities
+    bad = check_case(poisoned, case, "cpu")
+    assert bad.status == "fail" and bad.failure == "nonfinite", bad.summary()
+    assert bad.tensors["dk"].worst_index == (0, 0, 3, 7), bad.summary()
+    assert at != (0, 0, 3, 7)

@@ -393,10 +393,14 @@ def _family(inputs: Inputs, ref: dict, backward: bool, *, tf32: bool,
     flush-to-zero allowance, where a member overflows (below), the per-element spread
     there, and the device buffers to poison. A member whose result is ±inf where the exact
     value is finite rounded a value near the dtype's largest finite number past the overflow
-    threshold: a correct kernel can do the same, so that inf is accepted from the kernel too
-    (``overflow``: per tensor the member's ±inf there, 0 elsewhere). Every element where
-    some member is not finite (an inf, or a NaN from an intermediate overflow, which stays a
-    failure for the kernel) is left out of the members' tensor-wide error statistics: a
+    threshold: a correct kernel can do the same, so that inf is accepted from the kernel too.
+    A member whose result is NaN there made an intermediate overflow, which its choice makes
+    in any kernel that makes it (fp16 GQA dK per query head beyond 65504 with opposite signs
+    in one group: FlashAttention-2's dk_expanded sums +inf and -inf where the exact dK is
+    3538), so a NaN is accepted from the kernel there too, and named in its report
+    (``overflow``: per tensor (the members' ±inf there, 0 elsewhere; where a member is NaN
+    or None; those members)). Every element where
+    some member is not finite is left out of the members' tensor-wide error statistics: a
     non-finite error there would make the whole tensor's tolerance inf or NaN. The members
     that stay finite there are still correct answers: ``spread`` holds, per tensor, the
     largest of their errors at each such element (0 elsewhere) and where those elements
@@ -434,7 +438,12 @@ def _family(inputs: Inputs, ref: dict, backward: bool, *, tf32: bool,
                 lost = bad if lost is None else lost | bad
                 ovf = torch.isinf(res[m][n]) & finite_ref
                 val = res[m][n].to(torch.float64)
-                overflow[n] = torch.where(ovf, val, overflow.get(n, zero))
+                infs, nans, who_nan = overflow.get(n, (zero, None, ()))
+                infs = torch.where(ovf, val, infs)
+                nan = torch.isnan(res[m][n]) & finite_ref
+                if bool(nan.any()):
+                    nans, who_nan = (nan if nans is None else nans | nan), (*who_nan, m)
+                overflow[n] = (infs, nans, who_nan)
         allow = None
         for m in names:
             e = abs_error(res[m][n], ref[n])  # stays on the device
@@ -497,15 +506,17 @@ def _report(name: str, got: torch.Tensor, want: torch.Tensor, tol: torch.Tensor,
             out_dtype, n_eff: float = math.nan,
             members: tuple[str, str] = ("", ""),
             flushed: torch.Tensor | None = None,
-            overflow: torch.Tensor | None = None, flush_ok: bool = False,
+            overflow: tuple | None = None, flush_ok: bool = False,
             spread: torch.Tensor | None = None) -> TensorReport:
     """``flushed``: the elements the flush-to-zero member changed; they are judged by its
-    per-element allowance (in ``tol``) and left out of the RMSE rule. ``overflow``: ±inf
-    where a family member overflowed (``_family``), 0 elsewhere: the same inf from the
-    kernel is accepted there. ``flush_ok`` (the default subnormal policy): a 0 where the
-    exact value is within the element's tolerance of the output dtype's subnormal range is
-    a flushed result that a correct kernel could have computed as a subnormal; it counts as
-    exact and, like the flushed elements, is left out of the RMSE. ``spread``: the elements
+    per-element allowance (in ``tol``) and left out of the RMSE rule. ``overflow``
+    (``_family``): ±inf where a family member overflowed, 0 elsewhere, the same inf from the
+    kernel accepted there; where a member's intermediate overflowed into NaN (or None), a
+    NaN from the kernel accepted there, and those members, named in the note. ``flush_ok``
+    (the default subnormal policy): a 0 where the exact value is within the element's
+    tolerance of the output dtype's subnormal range is a flushed result that a correct
+    kernel could have computed as a subnormal; it counts as exact and, like the flushed
+    elements, is left out of the RMSE. ``spread``: the elements
     judged by the members that stayed finite where another overflowed (in ``tol`` and
     ``flushed`` too)."""
     # An exact value beyond the output dtype's range rounds to +-inf under IEEE: that inf is
@@ -526,10 +537,15 @@ def _report(name: str, got: torch.Tensor, want: torch.Tensor, tol: torch.Tensor,
     over = over | (torch.isinf(g64) & torch.isfinite(want) & near
                    & (torch.sign(g64) == torch.sign(want)))
     want = torch.where(over, g64, want)  # the kernel's inf, or its equal correct rounding
+    member_nan = None
     if overflow is not None:
-        ovf = overflow.to(want.device)
-        same = torch.isinf(ovf) & (got.to(want.device, torch.float64) == ovf)
+        infs, nans, who_nan = overflow
+        ovf = infs.to(want.device)
+        same = torch.isinf(ovf) & (g64 == ovf)
         want = torch.where(same, ovf, want)
+        if nans is not None:
+            member_nan = nans.to(want.device) & torch.isnan(g64)
+            want = torch.where(member_nan, g64, want)  # NaN == NaN: no error there
     if flush_ok and od in _MIN_NORMAL:
         g = got.to(want.device)
         zero = (g == 0) & (want.abs() < _MIN_NORMAL[od] + tol.to(want.device))
@@ -578,6 +594,10 @@ def _report(name: str, got: torch.Tensor, want: torch.Tensor, tol: torch.Tensor,
     note = ""
     if met.n_nonfinite:
         note = f"{met.n_nonfinite} NaN/Inf where the reference differs"
+    if member_nan is not None and bool(member_nan.any()):
+        note = "; ".join(filter(None, (note, (
+            f"{int(member_nan.sum())} NaN accepted where {', '.join(who_nan)} "
+            f"overflow{'s' if len(who_nan) == 1 else ''} in an intermediate"))))
     return TensorReport(
         name=name, max_abs=met.max_abs, max_rel=met.max_rel, rmse=met.rmse, bias=met.bias,
         max_ulps=met.max_ulps, worst_index=idx,
@@ -765,7 +785,7 @@ def _check_once(kernel, case: Case, device: str, *, baseline: bool, inputs: Inpu
     base_err_t: dict[str, torch.Tensor] = {}
     members: dict[str, tuple[str, str]] = {}
     ftz: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-    overflow: dict[str, torch.Tensor] = {}
+    overflow: dict[str, tuple] = {}
     spread: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     scratch: list = []
     # TF32 dot products: asked for by the case, or declared by the kernel (capabilities
