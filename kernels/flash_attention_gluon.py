@@ -30,10 +30,11 @@ by head dim in :data:`SCHEDULE`, set from GPU timings): "c3", three consumers at
 fp32 copy is dead before the wait (the three consumers' 160 registers then hold S, P and O
 with few spills), 4-7 % faster at D = 64 ("late": not early); "split", the causal loop
 split at the diagonal, the key tiles below it without the mask (no spills left at
-D = 128: ``scripts/ptxas_report.py``, tests/test_flash_gluon.py). The default compiles to
-the PTX it did before the schedules existed. ``FLASHCHECK_GLUON_SCHEDULE`` sets schedules by
-head dim at import (``64=early``: :func:`schedule_env`), so that a candidate default runs
-through the gate and campaigns as it would ship.
+D = 128: ``scripts/ptxas_report.py``, tests/test_flash_gluon.py). The default is early P at
+D = 64 and, at D = 128, the PTX the kernel compiled to before the schedules existed.
+``FLASHCHECK_GLUON_SCHEDULE`` sets schedules by head dim at import (``64=early``:
+:func:`schedule_env`), so that a candidate default runs through the gate and campaigns as
+it would ship.
 
 The persistent grid, ``_fwd_persistent_kernel``: one program per multiprocessor over every
 tile (``_tile``: a (batch, head)'s query tiles consecutive, so that the programs running at
@@ -107,11 +108,11 @@ STAGES = 2  # K/V ring depth: 2 x 2 x 32 KiB at D = 128, beside Q's 2 x 16 KiB
 # early P, shared memory 112 KiB; at D = 128 two), and :func:`_attend`'s EARLY_P and SPLIT:
 # P rounded into P V's operand layout as soon as made, and the causal loop split at the
 # diagonal. None moves a bit. Early P is 4-7 % faster at D = 64 on every timed row of an
-# H100, not at D = 128 (sweep.md round 31); three consumers and the split are not faster
-# everywhere. All stay off until the GPU checks (gate, campaigns, racecheck and synccheck)
-# have run with them. FLASHCHECK_GLUON_SCHEDULE sets them at import (:func:`schedule_env`).
+# H100, not at D = 128 (sweep.md round 31): on at D = 64 since its GPU checks passed (round
+# 33: GPU tests, sanitizers, gate, campaigns). Three consumers and the split are not faster
+# everywhere: off. FLASHCHECK_GLUON_SCHEDULE sets them at import (:func:`schedule_env`).
 SCHEDULE = {128: {"consumers": 2, "early_p": False, "split": False},
-            64: {"consumers": 2, "early_p": False, "split": False}}
+            64: {"consumers": 2, "early_p": True, "split": False}}
 PRODUCER_REGS = 24  # the producer warp's registers per thread: the least setmaxnreg allows
 MAXNREG = 168  # the two-consumer kernel's (regs(2)[0])
 

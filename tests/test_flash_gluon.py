@@ -264,8 +264,9 @@ def _loops_overlap(ptx_dir: Path, recs: list[dict], consumers: int, split: bool 
 def test_the_consumer_counts_and_their_register_budgets():
     """Two consumer warpgroups by default (240 registers each, the producer 24, 168 per
     thread for the launch); three as a D 64 schedule (160 each, 128 for the launch: 4
-    warpgroups share the 65536); no other count. The schedule flags by head dim, all off by
-    default; ``schedule`` sets them at every head dim and restores them."""
+    warpgroups share the 65536); no other count. The schedule flags by head dim, early P at
+    D 64 the only one on by default; ``schedule`` sets them at every head dim and restores
+    them."""
     assert fg.regs(2) == (168, 240) == (fg.MAXNREG, 240)
     assert fg.regs(3) == (128, 160)
     for nc in (2, 3):
@@ -273,11 +274,11 @@ def test_the_consumer_counts_and_their_register_budgets():
         assert maxnreg * 128 * (nc + 1) <= 65536
         assert consumer * 128 * nc + fg.PRODUCER_REGS * 128 <= maxnreg * 128 * (nc + 1)
     assert (fg.consumers(128), fg.consumers(64)) == (2, 2)
-    default = {d: {"consumers": 2, "early_p": False, "split": False} for d in (128, 64)}
+    default = {d: {"consumers": 2, "early_p": d == 64, "split": False} for d in (128, 64)}
     assert fg.SCHEDULE == default and fg.flags(96) == fg.flags(128)
     with fg.schedule(consumers64=3, split=True):
         assert fg.consumers(64) == 3 and fg.consumers(128) == 2
-        assert fg.SCHEDULE == {d: {"consumers": 3 if d == 64 else 2, "early_p": False,
+        assert fg.SCHEDULE == {d: {"consumers": 3 if d == 64 else 2, "early_p": d == 64,
                                    "split": True} for d in (128, 64)}
     with pytest.raises(RuntimeError), fg.schedule(early_p=True):
         assert fg.flags(64)["early_p"] and fg.flags(128)["early_p"]
@@ -311,12 +312,12 @@ def test_schedules_by_name_and_from_the_environment():
             "print(json.dumps([g.SCHEDULE, g.consumers(64)]))")
     run = functools.partial(subprocess.run, [sys.executable, "-c", code], capture_output=True,
                             text=True, timeout=300)
-    env = dict(os.environ, FLASHCHECK_GLUON_SCHEDULE="64=c3+early")
+    env = dict(os.environ, FLASHCHECK_GLUON_SCHEDULE="64=c3+late,128=split")
     out = run(env=env)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == [
-        {"64": dict(consumers=3, early_p=True, split=False),
-         "128": dict(consumers=2, early_p=False, split=False)}, 3]
+        {"64": dict(consumers=3, early_p=False, split=False),
+         "128": dict(consumers=2, early_p=False, split=True)}, 3]
     bad = run(env=dict(os.environ, FLASHCHECK_GLUON_SCHEDULE="64=fast"))
     assert bad.returncode != 0 and "FLASHCHECK_GLUON_SCHEDULE" in bad.stderr
 
