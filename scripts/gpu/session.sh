@@ -327,8 +327,8 @@ if has fwdpersist; then
   # in one process (FWDP_MATRIX=1: also the benchmark matrix's 24 forwards), and
   # compute-sanitizer on its own shapes
   el fwdpersist
-  timeout -s TERM 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_flash_gluon.py \
-    > "$R/fwdpersist-pytest.log" 2>&1
+  timeout -s TERM 300 python3 -m pytest -q -p no:cacheprovider -n "${GPU_PYTEST_N:-6}" -m gpu \
+    tests/test_flash_gluon.py > "$R/fwdpersist-pytest.log" 2>&1
   FWDP_PYTEST=$?; el "fwdpersist pytest exit=$FWDP_PYTEST"
   timeout -s TERM 240 python3 scripts/gpu/gluon_fwd.py --only "2wg 64x128 stages=2" \
     --only "2wg persistent" --out "$R/fwdpersist.json" > "$R/fwdpersist.log" 2>&1
@@ -365,8 +365,10 @@ fi
 if has fwdab-checks; then
   el fwdab-checks
   use_triton39 fwdab-checks
-  timeout -s TERM 400 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_flash_gluon.py \
-    > "$R/fwdab-pytest.log" 2>&1
+  # GPU_PYTEST_N workers (default 6): the tests are compile-bound; 68 tests in 78 s with six
+  # on an H100 against ~420 s one at a time (sweep.md rounds 32-33)
+  timeout -s TERM 400 python3 -m pytest -q -p no:cacheprovider -n "${GPU_PYTEST_N:-6}" -m gpu \
+    tests/test_flash_gluon.py > "$R/fwdab-pytest.log" 2>&1
   el "fwdab-checks pytest exit=$?"
   # SAN_SCHEDULE: the forward's schedule under the sanitizers too (a second pass per tool),
   # e.g. c3+early+split (sanitize_cases.py --schedule)
