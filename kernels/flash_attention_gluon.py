@@ -191,8 +191,13 @@ def schedule_env(text: str) -> dict[int, dict]:
     return out
 
 
-for _d, _f in schedule_env(os.environ.get("FLASHCHECK_GLUON_SCHEDULE", "")).items():
-    SCHEDULE[_d].update(_f)
+def _set(entries: dict[int, dict]) -> None:
+    """:data:`SCHEDULE`'s entries set by head dim."""
+    for d, f in entries.items():
+        SCHEDULE[d].update(f)
+
+
+_set(schedule_env(os.environ.get("FLASHCHECK_GLUON_SCHEDULE", "")))
 
 
 @contextlib.contextmanager
@@ -212,8 +217,7 @@ def schedule(consumers64: int | None = None, early_p: bool | None = None,
                       if v is not None})
         yield
     finally:
-        for d, f in saved.items():
-            SCHEDULE[d].update(f)
+        _set(saved)
 
 
 LAUNCHES = [0]  # calls of forward() since import (tests and the GPU session read it)

@@ -208,6 +208,60 @@ def test_repro_case_file_with_tensors_beside_it(tmp_path, kfile):
     assert cli.main(["repro", str(path), "--kernel", f"{kfile}:good"]) == 0
 
 
+SETTING_KERNEL = textwrap.dedent("""
+    import os
+
+    # read once at import, as the Gluon kernels read FLASHCHECK_GLUON_SCHEDULE
+    OFF = os.environ.get("FLASHCHECK_TEST_PATH") == "one_percent_off"
+
+
+    def by_setting(query, key, value, **kw):
+        out = good(query, key, value, **kw)
+        return out * 1.01 if OFF else out
+""")
+
+
+def test_a_failure_under_a_setting_records_it_and_replays_under_it(tmp_path, kfile, capsys,
+                                                                    monkeypatch):
+    """The kernels' FLASHCHECK_* settings of the run go into its case files (the written
+    one and the log's JSON line); `repro` sets them for its worker where its own
+    environment has no such variable, and one set there, even empty, wins."""
+    import re
+
+    src = tmp_path / "setting.py"
+    src.write_text(KERNELS + SETTING_KERNEL)
+    monkeypatch.setenv("FLASHCHECK_TEST_PATH", "one_percent_off")
+    out = tmp_path / "fz"
+    assert cli.main(["fuzz", "--kernel", f"{src}:by_setting", "--device", "cpu",
+                     "--examples", "30", "--seed", "7", "--max-n", "16", "--dtypes", "float32",
+                     "--out", str(out), "--quiet"]) == 1
+    [path] = sorted((out / "failures").glob("*.json"))
+    assert load_case_file(path)[1]["settings"] == {"FLASHCHECK_TEST_PATH": "one_percent_off"}
+    printed = capsys.readouterr().out
+    line = next(x for x in printed.splitlines() if x.startswith("  json:   "))
+    assert json.loads(line.split("json:   ", 1)[1])["settings"] == {
+        "FLASHCHECK_TEST_PATH": "one_percent_off"}
+    assert re.search(r"env .*FLASHCHECK_TEST_PATH=one_percent_off flashcheck repro", printed)
+
+    monkeypatch.delenv("FLASHCHECK_TEST_PATH")
+    assert cli.main(["repro", str(path)]) == 1  # the case file's setting, set for the worker
+    printed = capsys.readouterr().out
+    assert "set:    FLASHCHECK_TEST_PATH=one_percent_off (from the case file)" in printed
+    assert "FLASHCHECK_TEST_PATH" not in os.environ  # this process's environment untouched
+    monkeypatch.setenv("FLASHCHECK_TEST_PATH", "")
+    assert cli.main(["repro", str(path)]) == 0  # the environment's (empty) wins
+    assert ("set:    FLASHCHECK_TEST_PATH= (from the environment; the case file's: "
+            "one_percent_off)") in capsys.readouterr().out
+
+    doc = json.loads(path.read_text())
+    for bad in ({"PATH": "/tmp"}, {"FLASHCHECK_CONTROL_SEED": "1"}, ["FLASHCHECK_GLUON"],
+                {"FLASHCHECK_GLUON": 1}):
+        path.write_text(json.dumps({**doc, "settings": bad}))
+        assert cli.main(["repro", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert f"{path}: settings must map FLASHCHECK_* variable names" in err, err
+
+
 # --------------------------------------------------------------------------- fuzz
 
 

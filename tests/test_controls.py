@@ -894,3 +894,24 @@ def test_a_members_intermediate_overflow_into_nan_is_accepted_there_and_only_the
     bad = check_case(poisoned, case, "cpu")
     assert bad.status == "fail" and bad.failure == "nonfinite", bad.summary()
     assert bad.tensors["dk"].worst_index == poison != (b, h, i, d), bad.summary()
+
+
+def test_the_note_names_the_members_nan_where_the_kernels_nan_is_accepted():
+    """Per element: a member NaN elsewhere in the tensor, but finite where the kernel's NaN
+    is accepted, is not named."""
+    from flashcheck.verify.check import _report
+
+    want = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
+    got = torch.tensor([math.nan, 2.0, 3.0, 4.0], dtype=torch.float16)
+    at = {"m_here": torch.tensor([True, False, False, False]),
+          "m_elsewhere": torch.tensor([False, False, True, False])}
+    tol = torch.full_like(want, 0.01)
+    rep = _report("dk", got, want, tol, tol, (0.0, 0.0), 1.0, torch.float16,
+                  overflow=(torch.zeros((), dtype=torch.float64), at))
+    assert rep.passed, rep
+    assert rep.note == "1 NaN accepted where m_here overflows in an intermediate"
+    # the same NaN where no member is NaN: a failure
+    elsewhere = torch.tensor([1.0, math.nan, 3.0, 4.0], dtype=torch.float16)
+    rep = _report("dk", elsewhere, want, tol, tol, (0.0, 0.0), 1.0, torch.float16,
+                  overflow=(torch.zeros((), dtype=torch.float64), at))
+    assert not rep.passed and rep.worst_index == (1,) and rep.note.startswith("1 NaN/Inf"), rep

@@ -604,7 +604,9 @@ def _short_val(v) -> str:
 # ----------------------------------------------------------------------------------------
 # Case files and captured tensors
 
-CASE_FILE_META = ("kernel", "versions", "device", "verdict")
+# "settings": the kernels' FLASHCHECK_* environment variables of the run that wrote it
+# (verify/report.kernel_settings), set again by `repro` for the worker it replays in
+CASE_FILE_META = ("kernel", "versions", "device", "verdict", "settings")
 TENSOR_KEYS_REQUIRED = ("query", "key", "value")
 TENSOR_KEYS = TENSOR_KEYS_REQUIRED + ("attn_mask", "grad_out")
 TENSOR_SUFFIXES = (".npz", ".pt")
@@ -628,7 +630,7 @@ def _case_doc(who: str, case: Case, meta: dict) -> dict:
 
 def save_case_file(path, case: Case, **meta) -> None:
     """Write a case file: ``{"format", "version", "case", "kernel", "versions", "device",
-    "verdict"}`` (docs/contracts.md §3). ``meta`` keys must be among ``CASE_FILE_META``;
+    "verdict", "settings"}`` (docs/contracts.md §3). ``meta`` keys must be among ``CASE_FILE_META``;
     a value with a ``to_dict()`` method (a Verdict) is stored as that dict."""
     doc = _case_doc("save_case_file", case, meta)
     with open(path, "w", encoding="utf-8") as f:

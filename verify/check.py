@@ -398,8 +398,8 @@ def _family(inputs: Inputs, ref: dict, backward: bool, *, tf32: bool,
     in any kernel that makes it (fp16 GQA dK per query head beyond 65504 with opposite signs
     in one group: FlashAttention-2's dk_expanded sums +inf and -inf where the exact dK is
     3538), so a NaN is accepted from the kernel there too, and named in its report
-    (``overflow``: per tensor (the members' ±inf there, 0 elsewhere; where a member is NaN
-    or None; those members)). Every element where
+    (``overflow``: per tensor (the members' ±inf there, 0 elsewhere; per member that is
+    NaN somewhere, where it is)). Every element where
     some member is not finite is left out of the members' tensor-wide error statistics: a
     non-finite error there would make the whole tensor's tolerance inf or NaN. The members
     that stay finite there are still correct answers: ``spread`` holds, per tensor, the
@@ -437,13 +437,12 @@ def _family(inputs: Inputs, ref: dict, backward: bool, *, tf32: bool,
             if bool(bad.any()):
                 lost = bad if lost is None else lost | bad
                 ovf = torch.isinf(res[m][n]) & finite_ref
-                val = res[m][n].to(torch.float64)
-                infs, nans, who_nan = overflow.get(n, (zero, None, ()))
-                infs = torch.where(ovf, val, infs)
-                nan = torch.isnan(res[m][n]) & finite_ref
+                infs, nan_at = overflow.get(n, (zero, {}))
+                infs = torch.where(ovf, res[m][n].to(torch.float64), infs)
+                nan = bad & ~ovf  # not finite and not inf
                 if bool(nan.any()):
-                    nans, who_nan = (nan if nans is None else nans | nan), (*who_nan, m)
-                overflow[n] = (infs, nans, who_nan)
+                    nan_at = {**nan_at, m: nan}
+                overflow[n] = (infs, nan_at)
         allow = None
         for m in names:
             e = abs_error(res[m][n], ref[n])  # stays on the device
@@ -511,8 +510,9 @@ def _report(name: str, got: torch.Tensor, want: torch.Tensor, tol: torch.Tensor,
     """``flushed``: the elements the flush-to-zero member changed; they are judged by its
     per-element allowance (in ``tol``) and left out of the RMSE rule. ``overflow``
     (``_family``): ±inf where a family member overflowed, 0 elsewhere, the same inf from the
-    kernel accepted there; where a member's intermediate overflowed into NaN (or None), a
-    NaN from the kernel accepted there, and those members, named in the note. ``flush_ok``
+    kernel accepted there; where a member's intermediate overflowed into NaN (per member,
+    where), a NaN from the kernel accepted there, and the members NaN at those elements
+    named in the note. ``flush_ok``
     (the default subnormal policy): a 0 where the exact value is within the element's
     tolerance of the output dtype's subnormal range is a flushed result that a correct
     kernel could have computed as a subnormal; it counts as exact and, like the flushed
@@ -539,13 +539,16 @@ def _report(name: str, got: torch.Tensor, want: torch.Tensor, tol: torch.Tensor,
     want = torch.where(over, g64, want)  # the kernel's inf, or its equal correct rounding
     member_nan = None
     if overflow is not None:
-        infs, nans, who_nan = overflow
+        infs, nan_at = overflow
         ovf = infs.to(want.device)
         same = torch.isinf(ovf) & (g64 == ovf)
         want = torch.where(same, ovf, want)
-        if nans is not None:
-            member_nan = nans.to(want.device) & torch.isnan(g64)
+        if nan_at:
+            nan_at = {m: at.to(want.device) for m, at in nan_at.items()}
+            member_nan = torch.stack(list(nan_at.values())).any(0) & torch.isnan(g64)
             want = torch.where(member_nan, g64, want)  # NaN == NaN: no error there
+            # the members NaN where the kernel's accepted NaNs are, not anywhere in the tensor
+            who_nan = [m for m, at in nan_at.items() if bool((at & member_nan).any())]
     if flush_ok and od in _MIN_NORMAL:
         g = got.to(want.device)
         zero = (g == 0) & (want.abs() < _MIN_NORMAL[od] + tol.to(want.device))

@@ -430,7 +430,8 @@ class Campaign:
         print(f"  file:   {path} (+ {path.with_suffix('.md').name})")
         print(f"  replay: {R.replay_command(str(path), self.kernel_spec, self.device)}")
         # the case file's case in the log too, for a run whose files are gone (CI)
-        print(f"  json:   {case_file_line(case, kernel=self.kernel_spec)}")
+        line = case_file_line(case, kernel=self.kernel_spec, settings=R.kernel_settings())
+        print(f"  json:   {line}")
         return path
 
     def _hit(self, sig: tuple, case: Any, verdict: Any) -> None:

@@ -196,16 +196,24 @@ REPLAY_ENV = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "OMP_NUM_
 HARNESS_ONLY_SETTINGS = (ORACLE_ENV, "FLASHCHECK_WORKER_CPROFILE", "FLASHCHECK_CONTROL_SEED")
 
 
+def kernel_settings() -> dict[str, str]:
+    """:func:`settings` less :data:`HARNESS_ONLY_SETTINGS`: the ``FLASHCHECK_*`` variables
+    that choose the code a kernel runs (the Gluon path, its schedule, ...), which a case file
+    records and a replay sets again."""
+    return {k: v for k, v in settings().items() if k not in HARNESS_ONLY_SETTINGS}
+
+
 def replay_command(case_file: str, kernel: str, device: str) -> str:
     """The command that replays ``case_file``: ``flashcheck repro`` with the kernel, the
     device, the oracle's device where it was moved, and, in front, the CPU arithmetic pins
-    (:data:`REPLAY_ENV`) and the kernels' ``FLASHCHECK_*`` settings (:func:`settings`: the
-    Gluon path, its schedule, ...; not :data:`HARNESS_ONLY_SETTINGS`) this process runs
-    under, so that the replay launches the code that failed."""
+    (:data:`REPLAY_ENV`) and the kernels' ``FLASHCHECK_*`` settings
+    (:func:`kernel_settings`) this process runs under, so that the replay launches the code
+    that failed (a case file records them too, and ``repro`` sets them where the
+    environment does not)."""
     extra = (["--oracle-device", "device"]  # judged where the kernel ran (--oracle-device)
              if os.environ.get(ORACLE_ENV) == "device" else [])
     pins = [f"{k}={os.environ[k]}" for k in REPLAY_ENV if os.environ.get(k)]
-    pins += [f"{k}={v}" for k, v in settings().items() if k not in HARNESS_ONLY_SETTINGS]
+    pins += [f"{k}={v}" for k, v in kernel_settings().items()]
     return shlex.join([*(["env", *pins] if pins else []), "flashcheck", "repro",
                        str(case_file), "--kernel", kernel, "--device", device, *extra])
 

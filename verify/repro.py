@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,8 @@ class Target:
     # failing and total checks behind that class (fresh-worker runs of a flaky failure, the
     # confirmations of a nondeterministic one), if the file says
     recorded_rate: tuple[int, int] | None = None
+    # the kernels' FLASHCHECK_* settings the case file records (set again for the replay)
+    settings: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def rate_lower_bound(failed: int, runs: int, z: float = _Z99) -> float:
@@ -86,6 +89,34 @@ def _recorded_rate(verdict: dict) -> tuple[int, int] | None:
     return None
 
 
+def _recorded_settings(path, settings: Any) -> dict[str, str]:
+    """A case file's ``settings``: an object of ``FLASHCHECK_*`` names to strings, none of
+    the harness's own (:data:`report.HARNESS_ONLY_SETTINGS`). ValueError naming the file."""
+    from flashcheck.verify.report import HARNESS_ONLY_SETTINGS
+
+    ok = isinstance(settings, dict) and all(
+        isinstance(k, str) and k.startswith("FLASHCHECK_") and k not in HARNESS_ONLY_SETTINGS
+        and isinstance(v, str) for k, v in settings.items())
+    if not ok:
+        raise ValueError(f"{path}: settings must map FLASHCHECK_* variable names (not "
+                         f"{', '.join(HARNESS_ONLY_SETTINGS)}) to strings, got {settings!r}")
+    return dict(settings)
+
+
+def replay_settings(recorded: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """The case file's recorded settings that the replay's worker sets (those this process's
+    environment lacks: one set here, even empty, wins, so that a replay can run without a
+    setting), and a line per variable saying which value runs."""
+    env, lines = {}, []
+    for k, v in sorted(recorded.items()):
+        if k not in os.environ:
+            env[k] = v
+            lines.append(f"{k}={v} (from the case file)")
+        elif os.environ[k] != v:
+            lines.append(f"{k}={os.environ[k]} (from the environment; the case file's: {v})")
+    return env, lines
+
+
 def load_target(*, case_path: str | None, tensors_path: str | None, is_causal: bool = False,
                 scale: float | None = None, window: tuple[int, int] | None = None,
                 causal_alignment: str = "top_left", backward: bool = True) -> Target:
@@ -113,7 +144,8 @@ def load_target(*, case_path: str | None, tensors_path: str | None, is_causal: b
         recorded = meta.get("verdict") if isinstance(meta.get("verdict"), dict) else {}
         return Target(case=case, kernel_spec=spec, device_hint=device, source=str(case_path),
                       recorded_failure=recorded.get("failure"),
-                      recorded_rate=_recorded_rate(recorded))
+                      recorded_rate=_recorded_rate(recorded),
+                      settings=_recorded_settings(case_path, meta.get("settings", {})))
     captured = TensorCase.from_file(tensors_path, backward=backward)
     case = dataclasses.replace(captured.case, is_causal=is_causal, scale=scale, window=window,
                                causal_alignment=causal_alignment)
@@ -145,9 +177,10 @@ def replay(kernel: Any, target: Target, *, device: str, kernel_spec: str,
         least, most = FLAKY_REPEATS, flaky_replays(target.recorded_rate)
     else:
         least = most = 1
+    env, set_lines = replay_settings(target.settings)
     verdicts = []
     with Supervisor(kernel_spec, device, case_timeout=case_timeout,
-                    strict_subnormals=strict_subnormals, family=family) as sup:
+                    strict_subnormals=strict_subnormals, family=family, env=env) as sup:
         sup.start()
         while len(verdicts) < most:
             if len(verdicts) >= least and any(v.status == "fail" for v in verdicts):
@@ -158,6 +191,8 @@ def replay(kernel: Any, target: Target, *, device: str, kernel_spec: str,
     record = verdict_record(target.case, verdict)
     print(f"case:   {target.case.short()}  ({target.source})")
     print(f"kernel: {kernel_spec} on {device}")
+    for line in set_lines:
+        print(f"set:    {line}")
     print(f"status: {verdict.status}" + (f" ({verdict.failure})" if verdict.failure else ""))
     if len(verdicts) > 1:
         print(f"runs:   {len(failing)} of {len(verdicts)} failed: {_run_words(verdicts)}")

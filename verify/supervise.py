@@ -238,7 +238,11 @@ def visible_gpus(device: str) -> list[str] | None:
 
 def _worker_main(conn, spec: str, device: str, threads: int | None, dump_path: str,
                  parent_pid: int, strict_subnormals: bool = False,
-                 gpu: str | None = None, family: str = "lazy") -> None:
+                 gpu: str | None = None, family: str = "lazy",
+                 env: dict[str, str] | None = None) -> None:
+    # the kernels' settings a replay takes from its case file, before the kernel is imported
+    # (a module reading one at import: FLASHCHECK_GLUON_SCHEDULE)
+    os.environ.update(env or {})
     if gpu is not None:
         # One GPU per worker, set before the first CUDA call of the process (the forkserver
         # imported torch but never initialised CUDA): the kernel sees it as cuda:0.
@@ -442,12 +446,15 @@ class Supervisor:
     times (:meth:`timeout`). ``failures_dir``: where crash/timeout failures are written at
     once (and ``<failures_dir>/../inflight`` holds the write-ahead files); None: neither.
     ``threads``: torch threads per worker (None: leave the default). ``family``: check_case's
-    in every worker ("lazy" or "full").
+    in every worker ("lazy" or "full"). Every worker sets this process's kernel settings
+    (``report.kernel_settings``) and ``env`` over them (``repro``: those its case file
+    records) before it loads the kernel; the in-flight case files record them.
     """
 
     def __init__(self, kernel_spec: str, device: str, *, case_timeout: float | None = None,
                  failures_dir: str | Path | None = None, threads: int | None = None,
-                 strict_subnormals: bool = False, family: str = "lazy") -> None:
+                 strict_subnormals: bool = False, family: str = "lazy",
+                 env: dict[str, str] | None = None) -> None:
         if case_timeout is not None and not case_timeout > 0:
             raise ValueError(f"--case-timeout must be a number > 0, got {case_timeout}")
         if family not in ("lazy", "full"):
@@ -461,6 +468,11 @@ class Supervisor:
         self.threads = threads
         self.strict_subnormals = strict_subnormals  # check_case's, in every worker
         self.family = family
+        from flashcheck.verify.report import kernel_settings
+
+        # this process's kernel settings as they are now (not as the forkserver's environment
+        # was when it started), under the ones given
+        self.env = {**kernel_settings(), **(env or {})}
         self._tmp = tempfile.mkdtemp(prefix="flashcheck-workers-")
         self._n = 0
         self._slots: list[_Worker | None] = []
@@ -482,7 +494,8 @@ class Supervisor:
         gpu = self.gpus[(self._n - 1) % len(self.gpus)] if self.gpus else None
         proc = ctx.Process(target=_worker_main, name=f"flashcheck-worker-{self._n}",
                            args=(child, self.spec, self.device, self.threads, dump,
-                                 os.getpid(), self.strict_subnormals, gpu, self.family))
+                                 os.getpid(), self.strict_subnormals, gpu, self.family,
+                                 self.env))
         proc.start()
         child.close()
         self.started += 1
@@ -654,7 +667,8 @@ class Supervisor:
             self._inflight_head = (
                 f'{{"format": {json.dumps(CASE_FILE_FORMAT)}, "version": {CASE_VERSION}, '
                 f'"kernel": {json.dumps(self.spec)}, "device": {json.dumps(self.device)}, '
-                f'"verdict": {json.dumps(INFLIGHT_VERDICT)}, "case": ')
+                f'"verdict": {json.dumps(INFLIGHT_VERDICT)}, '
+                f'"settings": {json.dumps(self.env)}, "case": ')
         path = self.inflight_dir / f"inflight-{digest}.json"
         with open(path, "w", encoding="utf-8") as f:
             f.write(self._inflight_head + payload + "}\n")

@@ -83,7 +83,7 @@ def write_failure(out_dir: str | Path, case: Any, verdict: Any, *, kernel_spec: 
     path = out_dir / f"{fid}.json"
     verdict.case_file = str(path)  # so verdict.summary() carries the replay command
     save_case_file(path, case, kernel=kernel_spec, versions=R.versions(), device=device,
-                   verdict=verdict)
+                   verdict=verdict, settings=R.kernel_settings())
     if isinstance(case, TensorCase):
         src = Path(case.path)
         shutil.copyfile(src, out_dir / f"{fid}{src.suffix}")
