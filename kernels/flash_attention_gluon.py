@@ -6,7 +6,7 @@ memory, mbarriers, TMA and ``wgmma`` are explicit. Triton's pipeliner waits on e
 product right after issuing it (docs/benchmarks/sweep.md rounds 11 and 14), so a tile's
 exponentials never run under the next tile's products; here they do. Per program (NC · 64
 query rows of one batch and head; NC, the consumers, in :data:`SCHEDULE` by head dim: 2, or
-3 at D = 64 under the schedule "c3", as FlashAttention-3 tiles D ≤ 64):
+3 at D = 64 from 16K queries on, as FlashAttention-3 tiles D ≤ 64):
 
 - a producer warp (``_loads``) issues every TMA load: Q once per warpgroup, then K and V
   tile by tile into ``STAGES``-deep rings, refilling a slot once every consumer released it
@@ -25,13 +25,15 @@ query rows of one batch and head; NC, the consumers, in :data:`SCHEDULE` by head
   other tile: the bits do not depend on NC.
 
 Schedules (:func:`schedule`, by name :func:`schedule_spec`; none moves a bit; the defaults
-by head dim in :data:`SCHEDULE`, set from GPU timings): "c3", three consumers at D = 64;
+by head dim in :data:`SCHEDULE`, set from GPU timings): "c3", three consumers at D = 64
+("c2": two; "c3long", the default there: two below 16K queries, three from them);
 "early", P rounded into P V's operand layout as soon as the softmax has made it, so that its
 fp32 copy is dead before the wait (the three consumers' 160 registers then hold S, P and O
 with few spills), 4-7 % faster at D = 64 ("late": not early); "split", the causal loop
 split at the diagonal, the key tiles below it without the mask (no spills left at
 D = 128: ``scripts/ptxas_report.py``, tests/test_flash_gluon.py). The default is early P at
-D = 64 and, at D = 128, the PTX the kernel compiled to before the schedules existed.
+D = 64 with three consumers from 16K queries on and, at D = 128, the PTX the kernel
+compiled to before the schedules existed.
 ``FLASHCHECK_GLUON_SCHEDULE`` sets schedules by head dim at import (``64=early``:
 :func:`schedule_env`), so that a candidate default runs through the gate and campaigns as
 it would ship.
@@ -110,9 +112,15 @@ STAGES = 2  # K/V ring depth: 2 x 2 x 32 KiB at D = 128, beside Q's 2 x 16 KiB
 # diagonal. None moves a bit. Early P is 4-7 % faster at D = 64 on every timed row of an
 # H100, not at D = 128 (sweep.md round 31): on at D = 64 since its GPU checks passed (round
 # 33: GPU tests, sanitizers, gate, campaigns). Three consumers and the split are not faster
-# everywhere: off. FLASHCHECK_GLUON_SCHEDULE sets them at import (:func:`schedule_env`).
-SCHEDULE = {128: {"consumers": 2, "early_p": False, "split": False},
-            64: {"consumers": 2, "early_p": True, "split": False}}
+# everywhere: off. "c3_from": the query length from which a launch takes three consumers
+# instead (None: never). FLASHCHECK_GLUON_SCHEDULE sets them at import (:func:`schedule_env`).
+# Three consumers at D = 64 against two, both with early P, H100: 0.94-0.97x the time at 16K
+# queries (round 34; round 31: 0.90-0.92x against late P), within the A/B's noise at 4K
+# (0.95-1.01x, noise 0.98-1.08), 1.25-1.28x at 1K causal (the last of 6 tiles ragged, one
+# consumer idle): three from 16K on, where both rounds have them faster.
+C3_FROM = 16384
+SCHEDULE = {128: {"consumers": 2, "c3_from": None, "early_p": False, "split": False},
+            64: {"consumers": 2, "c3_from": C3_FROM, "early_p": True, "split": False}}
 PRODUCER_REGS = 24  # the producer warp's registers per thread: the least setmaxnreg allows
 MAXNREG = 168  # the two-consumer kernel's (regs(2)[0])
 
@@ -135,13 +143,17 @@ def flags(head_dim: int) -> dict:
     return SCHEDULE.get(head_dim, SCHEDULE[128])
 
 
-def consumers(head_dim: int) -> int:
-    """Consumer warpgroups per program for this head dim (:data:`SCHEDULE`)."""
-    return flags(head_dim)["consumers"]
+def consumers(head_dim: int, nq: int = 0) -> int:
+    """Consumer warpgroups per program for this head dim and query length (:data:`SCHEDULE`:
+    three from its ``c3_from`` queries on, where set)."""
+    f = flags(head_dim)
+    return 3 if f["c3_from"] is not None and nq >= f["c3_from"] else f["consumers"]
 
 
-# a schedule's parts by name, each the :data:`SCHEDULE` entries it sets at one head dim
-SCHEDULE_PARTS = {"c2": dict(consumers=2), "c3": dict(consumers=3),
+# a schedule's parts by name, each the :data:`SCHEDULE` entries it sets at one head dim:
+# c2 and c3 a count at every length, c3long two below C3_FROM queries and three from it
+SCHEDULE_PARTS = {"c2": dict(consumers=2, c3_from=None), "c3": dict(consumers=3, c3_from=None),
+                  "c3long": dict(consumers=2, c3_from=C3_FROM),
                   "early": dict(early_p=True), "late": dict(early_p=False),
                   "split": dict(split=True)}
 
@@ -160,11 +172,12 @@ def schedule_flags(name: str) -> dict:
 
 def schedule_spec(name: str) -> dict:
     """:func:`schedule`'s arguments for a schedule's name (:func:`schedule_flags`; its
-    consumer count as ``consumers64``); the timing and sanitizer scripts take schedules by
-    name."""
+    consumer count and length rule as ``consumers64`` and ``c3_from64``); the timing and
+    sanitizer scripts take schedules by name."""
     kw = schedule_flags(name)
-    if "consumers" in kw:
-        kw["consumers64"] = kw.pop("consumers")
+    for k in ("consumers", "c3_from"):
+        if k in kw:
+            kw[f"{k}64"] = kw.pop(k)
     return kw
 
 
@@ -184,7 +197,7 @@ def schedule_env(text: str) -> dict[int, dict]:
             f = schedule_flags(name.strip())
         except ValueError as e:
             raise ValueError(f"FLASHCHECK_GLUON_SCHEDULE: {e}") from None
-        if f.get("consumers", 2) != 2 and int(d) != 64:
+        if (f.get("consumers", 2) != 2 or f.get("c3_from")) and int(d) != 64:
             raise ValueError(f"FLASHCHECK_GLUON_SCHEDULE: three consumers fit D = 64 only, "
                              f"got {item!r}")
         out.setdefault(int(d), {}).update(f)
@@ -202,16 +215,22 @@ _set(schedule_env(os.environ.get("FLASHCHECK_GLUON_SCHEDULE", "")))
 
 @contextlib.contextmanager
 def schedule(consumers64: int | None = None, early_p: bool | None = None,
-             split: bool | None = None):
+             split: bool | None = None, c3_from64: int | None | type(...) = ...):
     """Within the block, launches take these (None: as they are) as :data:`SCHEDULE`'s
-    consumer count at D = 64 and its flags at every head dim; restored after, also on an
-    error."""
+    consumer count at D = 64 (at every length, unless ``c3_from64`` is given too: the query
+    length from which three, None for never) and its flags at every head dim; restored
+    after, also on an error."""
     if consumers64 is not None:
         regs(consumers64)  # the count checked
+    if c3_from64 is not ... and c3_from64 is not None and not (
+            isinstance(c3_from64, int) and c3_from64 > 0):
+        raise ValueError(f"c3_from64 must be a query length > 0 or None, got {c3_from64!r}")
     saved = {d: dict(f) for d, f in SCHEDULE.items()}
     try:
         if consumers64 is not None:
-            SCHEDULE[64]["consumers"] = consumers64
+            SCHEDULE[64].update(consumers=consumers64, c3_from=None)
+        if c3_from64 is not ...:
+            SCHEDULE[64]["c3_from"] = c3_from64
         for f in SCHEDULE.values():
             f.update({k: bool(v) for k, v in (("early_p", early_p), ("split", split))
                       if v is not None})
@@ -749,7 +768,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Problem):
              descriptor(v, BLOCK_N, p.D), descriptor(out, BLOCK_M, p.D), lse,
              p.scale * _common.LOG2E, p.Nq, p.Nk, p.Hq, p.group, p.Hkv)
     sched = flags(p.D)
-    nc = sched["consumers"]
+    nc = consumers(p.D, p.Nq)
     maxnreg, consumer_regs = regs(nc)
     meta = dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_D=p.D, STAGES=STAGES, CAUSAL=p.has_hi,
                 NC=nc, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=PRODUCER_REGS,

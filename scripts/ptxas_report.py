@@ -305,7 +305,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ptx-dir", type=Path, default=None,
                     help="keep each kernel's PTX and cubin here (named by its PTX's hash)")
     ap.add_argument("--schedule", default="",
-                    help="the Gluon forward's schedule, a +-joined set of c2, c3, early, "
+                    help="the Gluon forward's schedule, a +-joined set of c2, c3, c3long, early, "
                          "split (default: its own)")
     ap.add_argument("--against", type=Path, default=None, metavar="REPORT",
                     help="an earlier report of the same options: list the launches whose "

@@ -106,7 +106,8 @@ def test_fwd_ab_refuses_a_head_dim_or_length_it_does_not_time(argv, name, capsys
 
 def test_fwd_ab_runs_each_variant_under_its_schedule_and_restores_the_default():
     ab = load("scripts/gpu/gluon_fwd_ab.py", "gluon_fwd_ab_timed")
-    assert ab.variant("c3+early+split") == dict(consumers64=3, early_p=True, split=True)
+    assert ab.variant("c3+early+split") == dict(consumers64=3, c3_from64=None, early_p=True,
+                                                split=True)
     assert ab.variant("split") == dict(split=True)
     assert ab.variant("") == {}  # the default schedule
     seen = []
@@ -114,8 +115,8 @@ def test_fwd_ab_runs_each_variant_under_its_schedule_and_restores_the_default():
     run = ab.scheduled("c3+late+split", lambda: seen.append(
         (ab.new.consumers(64), dict(ab.new.flags(64)), dict(ab.new.flags(128)))) or "out")
     assert run() == "out"
-    assert seen == [(3, {"consumers": 3, "early_p": False, "split": True},
-                     {"consumers": 2, "early_p": False, "split": True})]
+    assert seen == [(3, {"consumers": 3, "c3_from": None, "early_p": False, "split": True},
+                     {"consumers": 2, "c3_from": None, "early_p": False, "split": True})]
     assert ab.new.consumers(64) == 2 and ab.new.SCHEDULE == default
     with pytest.raises(ZeroDivisionError):
         ab.scheduled("early", lambda: 1 / 0)()

@@ -274,12 +274,24 @@ def test_the_consumer_counts_and_their_register_budgets():
         assert maxnreg * 128 * (nc + 1) <= 65536
         assert consumer * 128 * nc + fg.PRODUCER_REGS * 128 <= maxnreg * 128 * (nc + 1)
     assert (fg.consumers(128), fg.consumers(64)) == (2, 2)
-    default = {d: {"consumers": 2, "early_p": d == 64, "split": False} for d in (128, 64)}
+    default = {d: {"consumers": 2, "c3_from": fg.C3_FROM if d == 64 else None,
+                   "early_p": d == 64, "split": False} for d in (128, 64)}
     assert fg.SCHEDULE == default and fg.flags(96) == fg.flags(128)
+    # three consumers at D 64 from 16K queries on, by default; never at D 128
+    assert [fg.consumers(64, n) for n in (1024, 16383, 16384, 65536)] == [2, 2, 3, 3]
+    assert fg.consumers(128, 65536) == 2 and fg.consumers(96, 65536) == 2
     with fg.schedule(consumers64=3, split=True):
         assert fg.consumers(64) == 3 and fg.consumers(128) == 2
-        assert fg.SCHEDULE == {d: {"consumers": 3 if d == 64 else 2, "early_p": d == 64,
-                                   "split": True} for d in (128, 64)}
+        assert fg.SCHEDULE == {d: {"consumers": 3 if d == 64 else 2, "c3_from": None,
+                                   "early_p": d == 64, "split": True} for d in (128, 64)}
+    with fg.schedule(consumers64=2):  # a count alone: that count at every length
+        assert fg.consumers(64, 65536) == 2
+    with fg.schedule(c3_from64=4096):
+        assert [fg.consumers(64, n) for n in (4095, 4096)] == [2, 3]
+    for bad in (0, -1, 2.5, "16K"):
+        with pytest.raises(ValueError, match="c3_from64 must be a query length > 0 or None"), \
+                fg.schedule(c3_from64=bad):
+            pass
     with pytest.raises(RuntimeError), fg.schedule(early_p=True):
         assert fg.flags(64)["early_p"] and fg.flags(128)["early_p"]
         raise RuntimeError
@@ -295,17 +307,21 @@ def test_schedules_by_name_and_from_the_environment():
     """A schedule's name sets its parts in order; ``FLASHCHECK_GLUON_SCHEDULE`` names one per
     head dim, read at import; a bad item is an error naming the variable, the item and what
     it may be."""
-    assert fg.schedule_flags("c3+early+split") == dict(consumers=3, early_p=True, split=True)
+    assert fg.schedule_flags("c3+early+split") == dict(consumers=3, c3_from=None, early_p=True,
+                                                        split=True)
     assert fg.schedule_flags("early+late") == dict(early_p=False)
-    assert fg.schedule_spec("c3+late") == dict(consumers64=3, early_p=False)
+    assert fg.schedule_spec("c3+late") == dict(consumers64=3, c3_from64=None, early_p=False)
+    assert fg.schedule_spec("c3long") == dict(consumers64=2, c3_from64=fg.C3_FROM)
     assert fg.schedule_env("") == {}
     assert fg.schedule_env("64=early") == {64: dict(early_p=True)}
     assert fg.schedule_env(" 64=c3+early , 128=split") == {
-        64: dict(consumers=3, early_p=True), 128: dict(split=True)}
+        64: dict(consumers=3, c3_from=None, early_p=True), 128: dict(split=True)}
     for text, match in (("96=early", r"D one of \[64, 128\], got '96=early'"),
                         ("early", r"D=NAME .* got 'early'"),
-                        ("64=fast", r"one of \['c2', 'c3', 'early', 'late', 'split'\], got 'fast'"),
-                        ("128=c3", "three consumers fit D = 64 only, got '128=c3'")):
+                        ("64=fast", r"one of \['c2', 'c3', 'c3long', 'early', 'late', 'split'\], "
+                                    "got 'fast'"),
+                        ("128=c3", "three consumers fit D = 64 only, got '128=c3'"),
+                        ("128=c3long", "three consumers fit D = 64 only, got '128=c3long'")):
         with pytest.raises(ValueError, match="FLASHCHECK_GLUON_SCHEDULE: .*" + match):
             fg.schedule_env(text)
     code = ("import json; from flashcheck.kernels import flash_attention_gluon as g; "
@@ -316,8 +332,8 @@ def test_schedules_by_name_and_from_the_environment():
     out = run(env=env)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == [
-        {"64": dict(consumers=3, early_p=False, split=False),
-         "128": dict(consumers=2, early_p=False, split=True)}, 3]
+        {"64": dict(consumers=3, c3_from=None, early_p=False, split=False),
+         "128": dict(consumers=2, c3_from=None, early_p=False, split=True)}, 3]
     bad = run(env=dict(os.environ, FLASHCHECK_GLUON_SCHEDULE="64=fast"))
     assert bad.returncode != 0 and "FLASHCHECK_GLUON_SCHEDULE" in bad.stderr
 

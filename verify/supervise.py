@@ -240,8 +240,8 @@ def _worker_main(conn, spec: str, device: str, threads: int | None, dump_path: s
                  parent_pid: int, strict_subnormals: bool = False,
                  gpu: str | None = None, family: str = "lazy",
                  env: dict[str, str] | None = None) -> None:
-    # the kernels' settings a replay takes from its case file, before the kernel is imported
-    # (a module reading one at import: FLASHCHECK_GLUON_SCHEDULE)
+    # the parent's kernel settings (and a replay's from its case file) before the kernel is
+    # imported: a module may read one at import (FLASHCHECK_GLUON_SCHEDULE)
     os.environ.update(env or {})
     if gpu is not None:
         # One GPU per worker, set before the first CUDA call of the process (the forkserver

@@ -260,7 +260,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warm", default=None, help=argparse.SUPPRESS)  # i/J: one such process
     ap.add_argument("--variants", default="",
                     help="comma-separated schedules of the new forward to check and time "
-                         "besides its default, each a +-joined set of c2, c3, early, split")
+                         "besides its default, each a +-joined set of c2, c3, c3long, early, split")
     args = ap.parse_args(argv)
     if not 1 <= args.rounds <= 50:
         ap.error(f"--rounds must be in 1..50, got {args.rounds}")
