@@ -60,6 +60,7 @@ FAMILY: dict[str, dict] = {
     "qk_sqrt_scaled": dict(_BASE, scale_at="qk_sqrt"),
     "p_ds_fp32": dict(_BASE, p_precision="fp32", ds_precision="fp32"),
     "ds_before_round": dict(_BASE, ds_scale="before_round"),
+    "ds_p_rounded": dict(_BASE, ds_scale="before_round", ds_p_precision="input"),
     "gqa_group_fp32": dict(_BASE, gqa_reduce="group_fp32"),
     "gqa_per_head_rounded": dict(_BASE, gqa_reduce="per_head_rounded"),
     "gqa_expand_autograd": dict(_BASE, gqa_reduce="expand_autograd"),
@@ -121,6 +122,10 @@ FAMILY_NOTES: dict[str, str] = {
     "ds_before_round": "dS·scale rounded to the input dtype, dQ/dK not scaled again "
                        "(FlashAttention's Triton backward, flash_attn_triton.py: "
                        "ds = (p * (dp - Di) * softmax_scale).to(q.dtype))",
+    "ds_p_rounded": "dS = P·(dP − delta)·scale with P the input-dtype tile the dV product "
+                    "took, then rounded (CUTLASS's memory-efficient backward, PyTorch's "
+                    "efficient SDPA and xformers: `accum = (accum - di) * attn` with attn "
+                    "read from the fp16/bf16 P tile in shared memory, then `accum * scale`)",
     "gqa_group_fp32": "one fp32 dK/dV accumulator per kv head that every query head of the "
                       "group adds into (Triton GQA kernels looping over the group's heads "
                       "inside the dK/dV program)",
@@ -276,7 +281,8 @@ FAMILY_NOTES: dict[str, str] = {
 }
 
 # Switches that change only the backward (the forward of members differing in them is shared).
-_BACKWARD_ONLY = ("ds_precision", "ds_scale", "gqa_reduce", "bwd_scores", "accumulate")
+_BACKWARD_ONLY = ("ds_precision", "ds_scale", "gqa_reduce", "bwd_scores", "accumulate",
+                  "ds_p_precision")
 _GQA_MEMBERS = ("gqa_group_fp32", "gqa_per_head_rounded", "gqa_expand_autograd")
 _LOOP_KEYS = dict(block_m=128, block_n=128, order="fa2")
 

@@ -31,8 +31,10 @@ correct kernel makes (reference/family.py names the kernels): ``gqa_reduce`` (GQ
 per head in fp32, in one fp32 accumulator per kv head, or rounded per head then summed),
 ``flush_subnormals`` (FTZ), ``scale_at`` (scale on the scores or on Q, natural exp or
 folded with log2 e into exp2), ``p_precision``/``ds_precision`` (P, dS rounded to the
-input dtype or kept in fp32), ``ds_scale`` (scale on dS before its rounding or on dQ/dK at
-the end), ``tf32`` (fp32 inputs: matmul operands rounded to TF32 by ``round_tf32``) and
+input dtype or kept in fp32), ``ds_p_precision`` (the P that dS = P∘(dP − delta) takes:
+fp32, or the one rounded to the input dtype for PᵀdO), ``ds_scale`` (scale on dS before its
+rounding or on dQ/dK at the end), ``tf32`` (fp32 inputs: matmul operands rounded to TF32 by
+``round_tf32``) and
 ``exp_accuracy`` (fp32: every exponential to 22 significant bits, ``round_exp_approx``)
 and ``kv_splits`` (split-KV forward, above) and ``bwd_scores`` (the backward's QKᵀ summed
 over the head dim in another order than the forward's, or from K prescaled) and
@@ -236,6 +238,7 @@ class _Arith:
         normalize: str = "divide", exp_accuracy: str = "library",
         tf32_rounding: str = "nearest", kv_splits: int = 1, bwd_scores: str = "as_forward",
         accumulate: str = "blocked", fp32_dot: str = "ieee", bias_fma: str = "none",
+        ds_p_precision: str = "fp32",
     ):
         if precision == "exact":
             self.operand = self.acc = torch.float64
@@ -253,6 +256,7 @@ class _Arith:
         self.round_p = p_precision == "input"
         self.round_ds = ds_precision == "input"
         self.ds_before_round = ds_scale == "before_round"
+        self.ds_p_rounded = ds_p_precision == "input"
         self.tf32 = tf32
         self.to_tf32 = truncate_tf32 if tf32_rounding == "truncate" else round_tf32
         self.approx_exp = exp_accuracy == "approx"
@@ -664,7 +668,8 @@ def _backward_fa2(ar, p, q, k, v, attn_mask, out, lse, dout, bm, bn, want_dbias)
             dp = ar.mm(do_i, vj.transpose(-2, -1)) if chain is None else _fma_chain(
                 ar, torch.zeros(*qi.shape[:-1], kj.shape[-2], dtype=ar.acc, device=q.device),
                 ((do_i[..., d, None], vj[..., None, :, d]) for d in range(p.D)))
-            ds = ar.ftz(pt * (dp - delta[:, :, rs].unsqueeze(-1)))
+            p_ds = ar.rnd(pt) if ar.ds_p_rounded else pt  # ds_p_precision
+            ds = ar.ftz(p_ds * (dp - delta[:, :, rs].unsqueeze(-1)))
             ds_r = ar.rnd_ds(ar.ftz(ds * p.scale) if ar.ds_before_round else ds)
             if chain is not None:
                 chain[0][:, :, rs, cs], chain[1][:, :, rs, cs] = ar.rnd_p(pt), ds_r
@@ -919,6 +924,7 @@ SWITCH_DEFAULTS = dict(
     p_precision="input", ds_precision="input", ds_scale="after_round", tf32=False,
     normalize="divide", exp_accuracy="library", tf32_rounding="nearest", kv_splits=1,
     bwd_scores="as_forward", accumulate="blocked", fp32_dot="ieee", bias_fma="none",
+    ds_p_precision="fp32",
 )
 
 
@@ -947,6 +953,8 @@ def _make_arith(dtype, precision, **switches) -> _Arith:
         accumulate=check_choice("accumulate", sw["accumulate"], ACCUMULATES),
         fp32_dot=check_choice("fp32_dot", sw["fp32_dot"], FP32_DOTS),
         bias_fma=check_choice("bias_fma", sw["bias_fma"], BIAS_FMAS),
+        ds_p_precision=check_choice("ds_p_precision", sw["ds_p_precision"],
+                                    OPERAND_PRECISIONS),
     )
     if sw["accumulate"] == "input_dtype" and sw["gqa_reduce"] != "per_head_fp32":
         raise ValueError(f"accumulate='input_dtype' reduces a GQA group itself (heads into "
@@ -987,6 +995,7 @@ def online_attention(
     p_precision="input", ds_precision="input", ds_scale="after_round", tf32=False,
     normalize="divide", exp_accuracy="library", tf32_rounding="nearest", kv_splits=1,
     bwd_scores="as_forward", accumulate="blocked", fp32_dot="ieee", bias_fma="none",
+    ds_p_precision="fp32",
 ):
     """Blocked online-softmax attention (contracts.md §1), FA2 or FA1 loop order.
 
@@ -1027,6 +1036,9 @@ def online_attention(
       accumulator dtype.
     - ``ds_scale``: ``"after_round"`` the scale multiplies the accumulated dQ and dK;
       ``"before_round"`` it multiplies dS before dS is rounded.
+    - ``ds_p_precision``: the P of dS = P∘(dP − delta): ``"fp32"`` as recomputed;
+      ``"input"`` rounded to the input dtype, the operand the PᵀdO product takes (CUTLASS's
+      memory-efficient backward reads dS's P back from that fp16/bf16 tile).
     - ``tf32``: float32 inputs only: every matmul operand rounded to TF32
       (``round_tf32``), fp32 accumulation; ``tf32_rounding="truncate"``: the operands'
       low 13 mantissa bits dropped instead (``truncate_tf32``, Hopper's wgmma).
@@ -1103,6 +1115,7 @@ def online_attention(
         ds_scale=ds_scale, tf32=tf32, normalize=normalize, exp_accuracy=exp_accuracy,
         tf32_rounding=tf32_rounding, kv_splits=kv_splits, bwd_scores=bwd_scores,
         accumulate=accumulate, fp32_dot=fp32_dot, bias_fma=bias_fma,
+        ds_p_precision=ds_p_precision,
     )
     if precision == "exact":
         query, key, value = (t.to(torch.float64) for t in (query, key, value))

@@ -515,7 +515,7 @@ def test_each_member_differs_from_the_baseline(dtype):
         assert same <= {"ftz", "bwd_scores_k16"}, same
     else:
         assert not same & {"q_prescaled", "q_exp2_prescaled", "p_ds_fp32", "ds_before_round",
-                           "gqa_per_head_rounded", "gqa_expand_autograd"}, same
+                           "ds_p_rounded", "gqa_per_head_rounded", "gqa_expand_autograd"}, same
         a, b = got["gqa_expand_autograd"], got["gqa_per_head_rounded"]
         assert all(torch.equal(a[t], b[t]) for t in a)
 

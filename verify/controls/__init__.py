@@ -74,6 +74,8 @@ CONTROLS: tuple[Control, ...] = (
     Control("fa2_cuda_softmax",
             "exp2(s * scale_log2 - max_scaled) as one FFMA, O = acc * (1/l) (FA2 CUDA)"),
     Control("ds_scaled_before_round", "scale * dS rounded to the input dtype, not dS"),
+    Control("ds_p_rounded", "dS from P as rounded for the dV product, scaled, then rounded "
+                            "(CUTLASS memory-efficient backward: PyTorch's efficient SDPA)"),
     Control("split_kv", "split-KV forward: 3 key splits merged by their lse in fp32 (FA2 combine)"),
     Control("bwd_scores_reordered", "backward recomputes QKᵀ in steps of 32 over the head dim"),
     Control("bwd_k_prescaled", "backward recomputes S = Q·fl(K·scale), the forward "

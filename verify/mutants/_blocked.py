@@ -29,6 +29,7 @@ so the bug is the only code in its module. The hooks, in the order they run:
 - `store_lse(lse, dtype)`: the lse as stored between the passes (default: fp32).
 - `delta(grad_out, out)`: the backward's rowsum(dO * O).
 - `ds_scales(scale)`: (factor on dS before it is rounded, factor on dS@K and dS^T@Q).
+- `ds_p(p, p_rounded)`: the P that dS = P * (dP - delta) takes (default: the fp32 one).
 - `round_ds(ds, dtype)`: dS as fed to the dQ/dK matmuls.
 - `dk_ds(ds_raw, ds, dtype)`: dS as fed to the dK matmul (FA2: the same rounded dS as dQ).
 - `kv_grad(a, b)`: aᵀ·b, one key tile of dV (a = P) or of dK before its scale (a = dS), per
@@ -120,6 +121,9 @@ class BlockedAttention:
 
     def ds_scales(self, scale: float) -> tuple[float, float]:
         return 1.0, scale
+
+    def ds_p(self, p: torch.Tensor, p_rounded: torch.Tensor) -> torch.Tensor:
+        return p
 
     def round_ds(self, ds: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return ds.to(dtype).float()
@@ -225,7 +229,7 @@ class BlockedAttention:
             p_r = self.subnormals(self.round_p(pt, dtype), dtype)
             dv_h[..., lo:hi, :] = self.kv_grad(p_r, dof)
             dp = self.mm(dof, v_t.transpose(-1, -2))
-            ds_raw = pt * (dp - delta[..., None])
+            ds_raw = self.ds_p(pt, p_r) * (dp - delta[..., None])
             if ds_pre != 1.0:
                 ds_raw = ds_raw * ds_pre
             ds = self.subnormals(self.round_ds(ds_raw, dtype), dtype)
