@@ -67,7 +67,7 @@
 #                                         device), SCALE_TAG: a suffix for the runs' names
 #   bash scripts/gpu/session.sh replays   replays the committed GPU false-alarm cases that new
 #                                         family members explain (tests/data/*_h200_*.json,
-#                                         h200/ragged/sdpa-varlen), side by side
+#                                         *_h100_*.json, h200/ragged/sdpa-varlen), side by side
 #   bash scripts/gpu/session.sh reuse     a cold-cache fuzz campaign of REUSE_KERNEL (default
 #                                         triton) for REUSE_S seconds (default 60), without and
 #                                         with --reuse-compiled, each from an empty Triton cache
@@ -796,6 +796,7 @@ if has replays; then
       "tests/data/sdpa_efficient_h200_row_rank1.json sdpa-efficient" \
       "tests/data/sdpa_efficient_h200_overflow.json sdpa-efficient" \
       "tests/data/sdpa_efficient_h200_3xtf32_truncated.json sdpa-efficient" \
+      "tests/data/sdpa_efficient_h100_ds_p_rounded.json sdpa-efficient" \
       "tests/data/h200_triton_fp32_bias_fma.json triton"; do
     set -- $spec
     job "replay-$2-$(basename "$1" .json)" 240 python3 -m flashcheck repro "$1" --kernel "$2" \
