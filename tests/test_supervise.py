@@ -402,12 +402,14 @@ def _alive(pid: int) -> bool:
 
 def test_killed_parent_leaves_an_in_flight_case_that_the_next_campaign_records(tmp_path):
     """Write-ahead: SIGKILL the campaign while a case hangs; its in-flight case file is on
-    disk, and a campaign started in the same directory re-checks it first."""
+    disk, with the kernels' settings the campaign ran under, and a campaign started in the
+    same directory re-checks it first."""
     out = tmp_path / "fz"
+    env = {**ENV, "FLASHCHECK_TEST_PATH": "in-flight", "FLASHCHECK_CONTROL_SEED": "5"}
     proc = subprocess.Popen([sys.executable, "-m", "flashcheck", "fuzz", "--kernel",
                              _spec("hang_large"), "--device", "cpu", "--seed", "7",
                              "--max-n", "16", "--dtypes", "float32", "--case-timeout", "600",
-                             "--out", str(out), "--quiet"], env=ENV, cwd=ROOT,
+                             "--out", str(out), "--quiet"], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         end = time.monotonic() + 60
@@ -429,6 +431,9 @@ def test_killed_parent_leaves_an_in_flight_case_that_the_next_campaign_records(t
     assert len(left) == 1
     case, meta = load_case_file(left[0])
     assert meta["verdict"]["status"] == "in_flight" and case.Nq > 8
+    # the kernels' settings (a harness-only one, the controls' seed, left out)
+    assert meta["settings"]["FLASHCHECK_TEST_PATH"] == "in-flight"
+    assert "FLASHCHECK_CONTROL_SEED" not in meta["settings"]
     rc, _ = _fuzz("hang_large", out, "--examples", "1", "--case-timeout", "1")
     assert rc == 1
     assert not list((out / "inflight").glob("*.json"))
