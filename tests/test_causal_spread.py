@@ -89,6 +89,17 @@ def test_fwd_ab_times_each_head_dim_and_length_asked_for():
     assert {(c["dtype"], c["causal"]) for c in got} == {
         (dt, c) for dt in ("bfloat16", "float16") for c in (False, True)}
     assert all(c["B"] * c["H"] * c["N"] == 2 ** 20 for c in got)  # the benchmark's rows
+    matrix = [c for c in ab.bench.configurations(False) if c["N"] in (1024, 4096, 16384)]
+    assert ab.timed([128, 64], [4096, 16384, 1024]) == matrix  # the matrix's rows and order
+
+
+def test_fwd_ab_times_lengths_off_the_matrix_by_its_rule():
+    ab = load("scripts/gpu/gluon_fwd_ab.py", "gluon_fwd_ab_timed")
+    assert ab.LENGTHS == (1024, 2048, 4096, 8192, 16384, 32768, 65536)
+    got = ab.timed([64], ab._lengths("8192,32768,65536"))
+    assert [(c["N"], c["B"]) for c in got[::4]] == [(8192, 8), (32768, 2), (65536, 1)]
+    with pytest.raises(Exception, match="1024, 2048, .*65536"):
+        ab._lengths("131072")  # B would be 0
 
 
 @pytest.mark.parametrize("argv, name", [(["--d", "96"], "--d"), (["--n", "4000"], "--n"),

@@ -15,7 +15,8 @@ between the two.
    forwards on the same inputs must be equal bit for bit (a schedule change moves no
    arithmetic); any difference is listed and the exit status is 1.
 2. Time: bf16 and fp16, head dims ``--d`` (default 128 and 64), lengths ``--n`` (default
-   4096), the benchmark matrix's rows (``kernels/bench.py``: B and H), causal and not, in the
+   4096; powers of two from 1K to 64K), the benchmark matrix's rows (``kernels/bench.py``: B
+   and H; off the matrix's 1K, 4K and 16K by its rule), causal and not, in the
    default grid ("auto"): per round the old forward, the new one and cuDNN's
    (``scaled_dot_product_attention`` under the cuDNN backend), in an order that alternates
    between rounds; the median of ``triton.testing.do_bench`` per timing, then per
@@ -66,10 +67,30 @@ PROBLEMS = [
 ]
 
 
+# Timed lengths: powers of two whose benchmark row has B >= 1 (B = TOKENS // (HEADS * N)).
+LENGTHS = tuple(1 << k for k in range(10, 17) if bench.TOKENS // (bench.HEADS << k) >= 1)
+
+
 def timed(ds: list[int], ns: list[int]) -> list[dict]:
     """The timed configurations: the benchmark matrix's rows (``kernels.bench``: dtype,
-    causal, B and H) with these head dims and lengths."""
-    return [c for c in bench.configurations(False) if c["D"] in ds and c["N"] in ns]
+    causal, B = TOKENS / (H N) and H) with these head dims and lengths, the matrix's order
+    (length, head dim, dtype, causal); lengths off the matrix (2K, 8K, 32K, 64K) by the
+    same rule."""
+    return [dict(dtype=dt, D=d, causal=c, N=n, B=bench.TOKENS // (bench.HEADS * n),
+                 H=bench.HEADS)
+            for n in ns for d in sorted(ds, reverse=True) for dt in ("bfloat16", "float16")
+            for c in (False, True)]
+
+
+def _lengths(text: str) -> list[int]:
+    try:
+        ns = [int(x) for x in text.split(",")]
+    except ValueError:
+        ns = []
+    if not ns or any(n not in LENGTHS for n in ns):
+        raise argparse.ArgumentTypeError(
+            f"must be comma-separated lengths from {', '.join(map(str, LENGTHS))}, got {text!r}")
+    return ns
 
 
 def _problem(B, Hq, Hkv, Nq, Nk, D, causal) -> Problem:
@@ -249,8 +270,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="JSON report")
     ap.add_argument("--rounds", type=int, default=5, help="timing rounds (1..50, default 5)")
     ap.add_argument("--d", default="128,64", help="timed head dims (64 and/or 128)")
-    ap.add_argument("--n", default=[4096], type=bench._ns,
-                    help="timed lengths, comma-separated, of the benchmark's 1024, 4096, 16384")
+    ap.add_argument("--n", default=[4096], type=_lengths,
+                    help="timed lengths, comma-separated, powers of two from 1024 to 65536 "
+                         "(the benchmark's rows: B = 2^20 / (16 N), H = 16)")
     ap.add_argument("--no-bits", action="store_true",
                     help="time only: the bit check skipped (for a call short of device time, "
                          "after a run that checked the same trees' bits)")
