@@ -12,6 +12,8 @@ them.
 - :func:`first_use_wrong`: 1% off the first time a (shape, dtype) is seen in a process, right
   afterwards (a stale cache, an uninitialised buffer reused).
 - :func:`random_wrong`: 1% off on 30% of its calls, at random (a race).
+- :func:`compiled_until_history`: refuses head dims below 16 in a fresh process, runs them
+  1% off once the process has made many calls (a compiled kernel's eager fallback).
 - :func:`random_order`: sums the keys in a random order on every call: right to rounding,
   but not bitwise repeatable.
 - :func:`compile_error_small_d`: raises a compiler-style error for every head dim below 16
@@ -33,6 +35,7 @@ import threading
 
 import torch
 import torch.nn.functional as F
+from flashcheck.verify.adapters import CPU_FLASH_FAMILY
 
 _LARGE = 8  # more query rows than this trip the misbehaving kernels
 
@@ -118,6 +121,29 @@ def history_wrong(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
     _CALLS[0] += 1
     out = _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     return out * 1.01 if _CALLS[0] > _HISTORY_CALLS else out
+
+
+_SMALL_D = 16  # compiled_until_history refuses head dims below this in a fresh process
+
+
+def compiled_until_history(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                           scale=None, enable_gqa=False):
+    """A compiled kernel whose compiler refuses head dims below 16, until the process has made
+    many calls; from then on it runs them on another path, 1% off (a compiler cache past its
+    limit running the function eagerly). In a fresh process such a case is not run."""
+    _CALLS[0] += 1
+    small = query.shape[-1] < _SMALL_D
+    if small and _CALLS[0] <= _HISTORY_CALLS:
+        raise NotImplementedError(f"head dim must be at least {_SMALL_D}, got "
+                                  f"{query.shape[-1]}")
+    out = _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return out * 1.01 if small else out
+
+
+# head dims declared, so that the probes do not take the small ones out of the drawn domain
+# (the campaign must draw them for the history to show); the family of the CPU SDPA it
+# calls (PyTorch's CPU flash kernel for these cases), so that only its 1% shows
+compiled_until_history.capabilities = {"head_dims": (1, 64), "family": CPU_FLASH_FAMILY}
 
 
 _RNG = random.Random(int.from_bytes(os.urandom(8), "little"))

@@ -277,3 +277,47 @@ def test_bad_declared_capabilities_name_the_key(caps, key):
     with pytest.raises(ValueError, match=key):
         k = as_kernel(fn, "cpu")
         k.supports(Case(B=1, Hq=1, Hkv=1, Nq=8, Nk=8, D=16))
+
+
+def test_compiled_kernels_are_compiled_on_every_call_never_run_eagerly():
+    """Dynamo runs a function eagerly, silently, once it has compiled it recompile_limit
+    times (one graph per shape under dynamic=False): FlexAttention's adapters would then
+    check its eager path. compiled_every_call compiles every one of 12 shapes."""
+    import torch._dynamo
+    from flashcheck.verify.adapters import compiled_every_call
+
+    def f(x, s):
+        return (x * s).sum(-1)
+
+    def counting(counter):
+        def backend(gm, example_inputs):
+            counter.append(len(example_inputs))
+            return gm.forward
+        return backend
+
+    with torch._dynamo.config.patch(recompile_limit=8):
+        torch._dynamo.reset()
+        plain, graphs = [], []
+        run = torch.compile(f, dynamic=False, backend=counting(plain))
+        for k in range(1, 13):
+            run(torch.ones(k, 3), 2.0)
+        assert len(plain) == 8  # the hazard: shapes 9-12 ran eagerly
+        torch._dynamo.reset()
+        call = compiled_every_call(f, backend=counting(graphs))
+        for k in range(1, 13):
+            assert torch.equal(call(torch.ones(k, 3), 2.0), torch.full((k,), 6.0))
+        assert len(graphs) == 12 and call.resets == 1
+    torch._dynamo.reset()
+
+
+def test_flex_on_cuda_declares_the_head_dims_its_compiler_takes():
+    """FlexAttention's lowering refuses head dims below 16: declared, so that campaigns draw
+    inside its domain (the CPU's eager path takes every head dim)."""
+    from flashcheck.verify.adapters import FLEX_CUDA_HEAD_DIMS, _flex_kernel
+    from flashcheck.verify.ragged import peer
+
+    assert FLEX_CUDA_HEAD_DIMS == (16, 256)
+    assert _flex_kernel("cuda").capabilities["head_dims"] == FLEX_CUDA_HEAD_DIMS
+    assert peer("flex-varlen", "cuda").capabilities["head_dims"] == FLEX_CUDA_HEAD_DIMS
+    assert "head_dims" not in _flex_kernel("cpu").capabilities
+    assert "head_dims" not in peer("flex-varlen", "cpu").capabilities

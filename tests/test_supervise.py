@@ -198,6 +198,25 @@ def test_failure_that_passes_in_a_fresh_process_is_flaky_history(tmp_path):
     assert flaky["kind"] == "history", flaky
 
 
+def test_failure_refused_in_a_fresh_process_is_flaky_fresh_not_run(tmp_path):
+    """Run (wrongly) in the campaign's worker after many calls, refused in a fresh one: kept
+    as flaky of kind "fresh_not_run", not as a failure "every time in a fresh worker"; its
+    replay says not run (exit 125)."""
+    rc, _ = _fuzz("compiled_until_history", tmp_path / "fz", "--examples", "120")
+    assert rc == 1
+    files = sorted((tmp_path / "fz" / "failures").glob("flaky-*.json"))
+    assert files
+    verdict = json.loads(files[0].read_text())["verdict"]
+    flaky = verdict["observations"]["flaky"]
+    assert flaky["kind"] == "fresh_not_run", flaky
+    assert flaky["fail_rate_fresh_worker"] == 0.0
+    assert "not run in a fresh worker (refused in 10 of 10 runs" in verdict["reason"]
+    assert verdict["case"]["D"] < 16
+    replay = _repro(files[0], "compiled_until_history")
+    assert replay.returncode == 125, replay.stdout + replay.stderr
+    assert "head dim must be at least 16" in replay.stdout
+
+
 def test_random_order_is_a_failure(tmp_path):
     """A kernel whose bits change from call to call: nondeterministic, or flaky when a replay
     happened to repeat the bits; either way exit 1 and a file."""

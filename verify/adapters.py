@@ -58,7 +58,7 @@ from flashcheck.verify.capabilities import (
     head_dim_reason,
     probe_shape,
 )
-from flashcheck.verify.cases import Case, Inputs
+from flashcheck.verify.cases import MAX_HEAD_DIM, Case, Inputs
 from flashcheck.verify.ragged import call_ragged
 from flashcheck.verify.ragged import peer as ragged_peer
 
@@ -286,12 +286,41 @@ def _sdpa_kernel(backend_name: str, device: str):
     return sdpa
 
 
+def compiled_every_call(fn: Callable, backend: str | Callable = "inductor") -> Callable:
+    """``fn`` under ``torch.compile(dynamic=False, fullgraph=True)`` on every call, never
+    its eager self.
+
+    Dynamo keeps at most ``recompile_limit`` graphs of a function (8 by default) and
+    ``accumulated_recompile_limit`` in all (256); past either it runs the function eagerly
+    without a word, so a campaign of FlexAttention (one graph per shape, dtype and scale)
+    would check its eager path, an unfused softmax, from the ninth shape on. With
+    ``fullgraph=True`` reaching a limit raises (as does a graph break) instead; the call
+    then forgets the compiled graphs (``torch._dynamo.reset()``: the process's, which in a
+    campaign worker are this kernel's) and compiles again."""
+    import torch._dynamo
+
+    run = torch.compile(fn, dynamic=False, fullgraph=True, backend=backend)
+
+    def call(*args, **kwargs):
+        try:
+            return run(*args, **kwargs)
+        except torch._dynamo.exc.FailOnRecompileLimitHit:
+            torch._dynamo.reset()
+            call.resets += 1
+            return run(*args, **kwargs)
+
+    call.resets = 0
+    return call
+
+
+# FlexAttention's compiled kernels take head dims from 16 (its lowering refuses E < 16).
+FLEX_CUDA_HEAD_DIMS = (16, MAX_HEAD_DIM)
+
+
 def _flex_kernel(device: str):
     from torch.nn.attention.flex_attention import flex_attention
 
-    run = torch.compile(flex_attention, dynamic=False) if device.startswith("cuda") else (
-        flex_attention
-    )
+    run = compiled_every_call(flex_attention) if device.startswith("cuda") else flex_attention
 
     def flex(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
              enable_gqa=False):
@@ -315,7 +344,9 @@ def _flex_kernel(device: str):
         return run(query, key, value, score_mod=score_mod, scale=scale, enable_gqa=enable_gqa)
 
     flex.capabilities = {"extensions": ()}
-    if not device.startswith("cuda"):
+    if device.startswith("cuda"):
+        flex.capabilities["head_dims"] = FLEX_CUDA_HEAD_DIMS
+    else:
         # eager, not compiled: an unfused softmax, then P@V (reference/family.py)
         flex.capabilities["family"] = ("p_normalized",)
     return flex

@@ -493,8 +493,18 @@ class Campaign:
             return "unclassified", "not re-run: the time budget is spent", runs
         firsts = [r[0] != "pass" for r in runs]
         seconds = [r[1] != "pass" for r in runs]
-        failed = [b for r in runs for b in r if b != "pass"]
+        failed = [b for r in runs for b in r if b.startswith("fail")]
         n_fail, n = len(failed), 2 * len(runs)
+        refused = sum(b == "not_run" for r in runs for b in r)
+        if refused == n:
+            # e.g. a compiled kernel whose compiler refuses the shape in a fresh process,
+            # while the campaign's worker had run it on another code path
+            return ("fresh_not_run", f"not run in a fresh worker (refused in {n} of {n} "
+                    "runs; the campaign's worker, after earlier cases, ran it): what runs "
+                    "depends on the worker's history", runs)
+        if refused:
+            return ("random", f"differs at random: in fresh workers {n_fail} of {n} runs "
+                    f"failed, {refused} not run", runs)
         if failed and all(b == "fail (harness_error)" for b in failed):
             # e.g. the harness's own GPU work out of memory beside other processes: kept
             # (never lost), but named for what it is, not as a kernel wrong at random
@@ -835,9 +845,10 @@ def shrink_key_of(verdict_dict: dict) -> tuple:
 
 
 def _fail_rate(runs: list) -> float:
-    """Share of failing runs in :meth:`Campaign._classify_flaky`'s pairs (0 when none ran)."""
+    """Share of failing runs in :meth:`Campaign._classify_flaky`'s pairs (0 when none ran;
+    a run the kernel refused is not a failure)."""
     flat = [r for pair in runs for r in pair]
-    return sum(r != "pass" for r in flat) / len(flat) if flat else 0.0
+    return sum(r.startswith("fail") for r in flat) / len(flat) if flat else 0.0
 
 
 def _brief(verdict: Any) -> str:

@@ -332,9 +332,10 @@ def sdpa_decode(query, k_cache, v_cache, cache_seqlens, block_table, *, scale=No
 
 
 def _flex_varlen(device: str):
+    from flashcheck.verify.adapters import compiled_every_call
     from torch.nn.attention.flex_attention import flex_attention
 
-    run = torch.compile(flex_attention, dynamic=False) if str(device).startswith("cuda") \
+    run = compiled_every_call(flex_attention) if str(device).startswith("cuda") \
         else flex_attention
 
     def flex_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
@@ -366,7 +367,7 @@ def peer(name: str, device: str):
         fn = sdpa_decode
         fn.capabilities = {"api": "decode", "gqa": True, "backward": False}
         return fn
-    from flashcheck.verify.adapters import CPU_FLASH_FAMILY
+    from flashcheck.verify.adapters import CPU_FLASH_FAMILY, FLEX_CUDA_HEAD_DIMS
 
     fn = sdpa_varlen if name == "sdpa-varlen" else _flex_varlen(device)
     on_cpu = str(device).startswith("cpu")
@@ -378,5 +379,7 @@ def peer(name: str, device: str):
                           if name == "sdpa-varlen" else {}),
                        # FlexAttention has no backward on the CPU
                        "backward": name == "sdpa-varlen" or not on_cpu,
+                       **({"head_dims": FLEX_CUDA_HEAD_DIMS}
+                          if name == "flex-varlen" and not on_cpu else {}),
                        "extensions": ("window", "causal_alignment")}
     return fn

@@ -81,7 +81,7 @@ def _recorded_rate(verdict: dict) -> tuple[int, int] | None:
     if failure == "flaky":
         flaky = (verdict.get("observations") or {}).get("flaky") or {}
         runs = [r for pair in flaky.get("reruns_fresh_worker") or [] for r in pair]
-        return (sum(r != "pass" for r in runs), len(runs)) if runs else None
+        return (sum(r.startswith("fail") for r in runs), len(runs)) if runs else None
     if failure == "nondeterministic":
         agreed = (verdict.get("observations") or {}).get("rechecks_agreed")
         n = 1 + (agreed if isinstance(agreed, int) and agreed >= 0 else 0)

@@ -57,7 +57,8 @@
 #                                         fasterkernels' paged decode (BENCH_RAGGED_ARGS=--quick)
 #   bash scripts/gpu/session.sh ragged    side by side, a --keep-going fuzz campaign each on
 #                                         triton-varlen, triton-decode, their PyTorch peers and the
-#                                         fasterkernels paged adapter (RAGGED_MIN minutes)
+#                                         fasterkernels paged adapter (RAGGED_MIN minutes;
+#                                         RAGGED_KERNELS: which of them)
 #   bash scripts/gpu/session.sh scale     `flashcheck fuzz --workers N` for N in SCALE_N (default
 #                                         "1 2 4 8 16") on each of SCALE_KERNELS (default
 #                                         sdpa-math), SCALE_S seconds each (default 30), then
@@ -738,8 +739,8 @@ if has benchragged; then
 fi
 if has ragged; then
   export PYTHONPATH=$PWD:$PWD/.whl/site OMP_NUM_THREADS=1
-  for k in triton-varlen triton-decode sdpa-varlen flex-varlen sdpa-decode \
-      docs/examples/fasterkernels_paged_adapter.py:attention_decode; do
+  for k in ${RAGGED_KERNELS:-triton-varlen triton-decode sdpa-varlen flex-varlen sdpa-decode \
+      docs/examples/fasterkernels_paged_adapter.py:attention_decode}; do
     n=$(basename "${k%%:*}" .py)
     job "ragged-$n" $(( ${RAGGED_MIN:-7} * 60 + ${RAGGED_GRACE:-90} )) \
       python3 -m flashcheck fuzz --kernel "$k" \
