@@ -18,21 +18,21 @@ query rows of one batch and head; NC, the consumers, in :data:`SCHEDULE` by head
   runs (a store of the row sums to shared memory keeps ptxas from placing the wait for
   P(j) V(j) ahead of the exponentials: ``_attend``); each ends with its own epilogue
   (lse; O through its Q buffer, free by then, and a TMA store);
-- where the query length is not a multiple of the program's rows (NC = 3: 1024, 4096 and
-  16384 are not multiples of 192), the last tile's consumers past the queries compute and
+- where the query length is not a multiple of the program's rows (NC = 3: 8192 and 16384
+  are not multiples of 192), the last tile's consumers past the queries compute and
   store nothing (``_skip``): they take their Q and release every key tile, so that the
   barriers' phases run on as in a whole tile. Every consumer computes its 64 rows as in any
   other tile: the bits do not depend on NC.
 
 Schedules (:func:`schedule`, by name :func:`schedule_spec`; none moves a bit; the defaults
 by head dim in :data:`SCHEDULE`, set from GPU timings): "c3", three consumers at D = 64
-("c2": two; "c3long", the default there: two below 16K queries, three from them);
+("c2": two; "c3long", the default there: two below 8K queries, three from them);
 "early", P rounded into P V's operand layout as soon as the softmax has made it, so that its
 fp32 copy is dead before the wait (the three consumers' 160 registers then hold S, P and O
 with few spills), 4-7 % faster at D = 64 ("late": not early); "split", the causal loop
 split at the diagonal, the key tiles below it without the mask (no spills left at
 D = 128: ``scripts/ptxas_report.py``, tests/test_flash_gluon.py). The default is early P at
-D = 64 with three consumers from 16K queries on and, at D = 128, the PTX the kernel
+D = 64 with three consumers from 8K queries on and, at D = 128, the PTX the kernel
 compiled to before the schedules existed.
 ``FLASHCHECK_GLUON_SCHEDULE`` sets schedules by head dim at import (``64=early``:
 :func:`schedule_env`), so that a candidate default runs through the gate and campaigns as
@@ -111,14 +111,16 @@ STAGES = 2  # K/V ring depth: 2 x 2 x 32 KiB at D = 128, beside Q's 2 x 16 KiB
 # P rounded into P V's operand layout as soon as made, and the causal loop split at the
 # diagonal. None moves a bit. Early P is 4-7 % faster at D = 64 on every timed row of an
 # H100, not at D = 128 (sweep.md round 31): on at D = 64 since its GPU checks passed (round
-# 33: GPU tests, sanitizers, gate, campaigns). Three consumers and the split are not faster
-# everywhere: off. "c3_from": the query length from which a launch takes three consumers
-# instead (None: never). FLASHCHECK_GLUON_SCHEDULE sets them at import (:func:`schedule_env`).
-# Three consumers at D = 64 against two, both with early P, H100: 0.94-0.97x the time at 16K
-# queries (round 34; round 31: 0.90-0.92x against late P), within the A/B's noise at 4K
-# (0.95-1.01x, noise 0.98-1.08), 1.25-1.28x at 1K causal (the last of 6 tiles ragged, one
-# consumer idle): three from 16K on, where both rounds have them faster.
-C3_FROM = 16384
+# 33: GPU tests, sanitizers, gate, campaigns). The split is not faster anywhere: off. Three
+# consumers are faster on long queries only: "c3_from", the query length from which a launch
+# takes three consumers instead of "consumers" (None: never). FLASHCHECK_GLUON_SCHEDULE sets
+# them at import (:func:`schedule_env`). Three consumers at D = 64 against two, both with
+# early P, H100, 5-7 rounds: 0.93-0.96x the time at 8K queries on all eight rows of two runs
+# (round 35: the same kernels' old/new noise 0.99-1.00x), 0.94-0.97x at 16K (round 34) and
+# 0.86-0.93x at 32K and 64K (round 35: 1.06-1.15x cuDNN's speed there); 0.98-1.00x at 4K
+# (within the noise), 1.49-1.55x at 2K causal and 1.25-1.28x at 1K causal (the last tile
+# ragged, a consumer idle): three from 8K on.
+C3_FROM = 8192
 SCHEDULE = {128: {"consumers": 2, "c3_from": None, "early_p": False, "split": False},
             64: {"consumers": 2, "c3_from": C3_FROM, "early_p": True, "split": False}}
 PRODUCER_REGS = 24  # the producer warp's registers per thread: the least setmaxnreg allows
@@ -223,7 +225,7 @@ def schedule(consumers64: int | None = None, early_p: bool | None = None,
     if consumers64 is not None:
         regs(consumers64)  # the count checked
     if c3_from64 is not ... and c3_from64 is not None and not (
-            isinstance(c3_from64, int) and c3_from64 > 0):
+            isinstance(c3_from64, int) and not isinstance(c3_from64, bool) and c3_from64 > 0):
         raise ValueError(f"c3_from64 must be a query length > 0 or None, got {c3_from64!r}")
     saved = {d: dict(f) for d, f in SCHEDULE.items()}
     try:

@@ -277,8 +277,10 @@ def test_the_consumer_counts_and_their_register_budgets():
     default = {d: {"consumers": 2, "c3_from": fg.C3_FROM if d == 64 else None,
                    "early_p": d == 64, "split": False} for d in (128, 64)}
     assert fg.SCHEDULE == default and fg.flags(96) == fg.flags(128)
-    # three consumers at D 64 from 16K queries on, by default; never at D 128
-    assert [fg.consumers(64, n) for n in (1024, 16383, 16384, 65536)] == [2, 2, 3, 3]
+    # three consumers at D 64 from 8K queries on, by default; never at D 128
+    assert fg.C3_FROM == 8192
+    assert [fg.consumers(64, n) for n in (1024, 4096, 8191, 8192, 16384, 65536)] == \
+        [2, 2, 2, 3, 3, 3]
     assert fg.consumers(128, 65536) == 2 and fg.consumers(96, 65536) == 2
     with fg.schedule(consumers64=3, split=True):
         assert fg.consumers(64) == 3 and fg.consumers(128) == 2
@@ -288,7 +290,7 @@ def test_the_consumer_counts_and_their_register_budgets():
         assert fg.consumers(64, 65536) == 2
     with fg.schedule(c3_from64=4096):
         assert [fg.consumers(64, n) for n in (4095, 4096)] == [2, 3]
-    for bad in (0, -1, 2.5, "16K"):
+    for bad in (0, -1, 2.5, "16K", True):
         with pytest.raises(ValueError, match="c3_from64 must be a query length > 0 or None"), \
                 fg.schedule(c3_from64=bad):
             pass
