@@ -10,12 +10,11 @@ input dtype (PyTorch's efficient SDPA on an H100, fp16, 2 keys: dQ 1.00068x exac
 member's dQ equal to the kernel's bit for bit on 98 % of the elements). Correct.
 """
 
-from flashcheck.verify.mutants._blocked import BlockedAttention
+from flashcheck.verify.controls.ds_scaled_before_round import _DsScaledBeforeRound
 
 
-class _DsPRounded(BlockedAttention):
-    def ds_scales(self, scale):
-        return scale, 1.0
+class _DsPRounded(_DsScaledBeforeRound):
+    """ds_scaled_before_round's choice (the scale in dS before its rounding), and P rounded."""
 
     def ds_p(self, p, p_rounded):
         return p_rounded
