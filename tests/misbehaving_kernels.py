@@ -205,3 +205,16 @@ def segv_always(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fals
                 enable_gqa=False):
     """Crashes on every call, the capability probes' included."""
     os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def _declare_cpu_sdpa_family(*kernels) -> None:
+    """Where these do not misbehave they return PyTorch's SDPA, which on the CPU runs its
+    flash kernel for most cases: its arithmetic choices are the family's opt-in members
+    (the `sdpa-flash` built-in's), declared so that only the misbehaviour fails a case."""
+    for k in kernels:
+        k.capabilities = {**getattr(k, "capabilities", {}), "family": CPU_FLASH_FAMILY}
+
+
+_declare_cpu_sdpa_family(segv_large, hostile_output_large, abort_large, hang_large,
+                         first_use_wrong, history_wrong, random_wrong, random_order,
+                         compile_error_small_d, cuda_error_large)
