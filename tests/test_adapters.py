@@ -314,10 +314,11 @@ def test_flex_on_cuda_declares_the_head_dims_its_compiler_takes():
     """FlexAttention's lowering refuses head dims below 16: declared, so that campaigns draw
     inside its domain (the CPU's eager path takes every head dim)."""
     from flashcheck.verify.adapters import FLEX_CUDA_HEAD_DIMS, _flex_kernel
+    from flashcheck.verify.capabilities import check_capabilities
     from flashcheck.verify.ragged import peer
 
     assert FLEX_CUDA_HEAD_DIMS == (16, 256)
-    assert _flex_kernel("cuda").capabilities["head_dims"] == FLEX_CUDA_HEAD_DIMS
-    assert peer("flex-varlen", "cuda").capabilities["head_dims"] == FLEX_CUDA_HEAD_DIMS
+    for caps in (_flex_kernel("cuda").capabilities, peer("flex-varlen", "cuda").capabilities):
+        assert check_capabilities(caps)["head_dims"] == FLEX_CUDA_HEAD_DIMS
     assert "head_dims" not in _flex_kernel("cpu").capabilities
     assert "head_dims" not in peer("flex-varlen", "cpu").capabilities
