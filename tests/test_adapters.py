@@ -306,8 +306,42 @@ def test_compiled_kernels_are_compiled_on_every_call_never_run_eagerly():
         call = compiled_every_call(f, backend=counting(graphs))
         for k in range(1, 13):
             assert torch.equal(call(torch.ones(k, 3), 2.0), torch.full((k,), 6.0))
-        assert len(graphs) == 12 and call.resets == 1
+        assert len(graphs) == 12
     torch._dynamo.reset()
+
+
+def test_a_users_compiled_kernel_is_checked_compiled_on_every_case():
+    """A kernel the user compiled (plain torch.compile, dynamic=False) checked on 10 shapes
+    in one process, the recompile limit at 4: every call runs a compiled graph (the
+    function's body runs only while Dynamo traces it), none its eager self."""
+    import torch._dynamo
+    import torch.nn.functional as F
+    from flashcheck.verify.cases import Case
+    from flashcheck.verify.check import check_case
+
+    traced, graphs = [0], []
+
+    def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                  scale=None, enable_gqa=False):
+        traced[0] += 1  # Python runs this body only while tracing, or when run eagerly
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
+                                              is_causal=is_causal, scale=scale)
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    kernel = torch.compile(attention, dynamic=False, backend=backend)
+    kernel.capabilities = {"dtypes": ("float32",), "gqa": False, "masks": ("bool",),
+                           "backward": False}
+    with torch._dynamo.config.patch(recompile_limit=4):
+        torch._dynamo.reset()
+        for n in range(3, 13):
+            case = Case(B=1, Hq=1, Hkv=1, Nq=n, Nk=n, D=8, dtype="float32", seed=n,
+                        backward=False)
+            assert check_case(kernel, case, "cpu").status == "pass"
+    torch._dynamo.reset()
+    assert len(graphs) >= 10 and traced[0] == len(graphs), (traced, len(graphs))
 
 
 def test_flex_on_cuda_declares_the_head_dims_its_compiler_takes():

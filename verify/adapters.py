@@ -286,30 +286,38 @@ def _sdpa_kernel(backend_name: str, device: str):
     return sdpa
 
 
-def compiled_every_call(fn: Callable, backend: str | Callable = "inductor") -> Callable:
-    """``fn`` under ``torch.compile(dynamic=False, fullgraph=True)`` on every call, never
-    its eager self.
+def run_compiled(fn: Callable, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with Dynamo's recompile limit an error, never a silent switch
+    to eager code.
 
     Dynamo keeps at most ``recompile_limit`` graphs of a function (8 by default) and
     ``accumulated_recompile_limit`` in all (256); past either it runs the function eagerly
-    without a word, so a campaign of FlexAttention (one graph per shape, dtype and scale)
-    would check its eager path, an unfused softmax, from the ninth shape on. With
-    ``fullgraph=True`` reaching a limit raises (as does a graph break) instead; the call
-    then forgets the compiled graphs (``torch._dynamo.reset()``: the process's, which in a
-    campaign worker are this kernel's) and compiles again."""
-    import torch._dynamo
+    without a word. A campaign's worker meets hundreds of shapes, so a ``torch.compile``d
+    kernel (FlexAttention: one graph per shape, dtype and scale) would be checked on its
+    eager path from the ninth shape on. Here reaching a limit raises; Dynamo's caches are
+    then reset (the process's: in a worker, the kernel's) and ``fn`` is called again,
+    compiled. Every call of a kernel under test goes through this (:meth:`Kernel.call`, the
+    probes); where nothing imported Dynamo it is a plain call."""
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is None:  # nothing in this process can have been compiled
+        return fn(*args, **kwargs)
+    with dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        try:
+            return fn(*args, **kwargs)
+        except dynamo.exc.FailOnRecompileLimitHit:
+            dynamo.reset()
+            return fn(*args, **kwargs)
 
+
+def compiled_every_call(fn: Callable, backend: str | Callable = "inductor") -> Callable:
+    """``fn`` under ``torch.compile(dynamic=False, fullgraph=True)`` through
+    :func:`run_compiled` on every call: compiled, never its eager self (``fullgraph``: a
+    graph break is an error too, not a fall back to eager code for part of it)."""
     run = torch.compile(fn, dynamic=False, fullgraph=True, backend=backend)
 
     def call(*args, **kwargs):
-        try:
-            return run(*args, **kwargs)
-        except torch._dynamo.exc.FailOnRecompileLimitHit:
-            torch._dynamo.reset()
-            call.resets += 1
-            return run(*args, **kwargs)
+        return run_compiled(run, *args, **kwargs)
 
-    call.resets = 0
     return call
 
 
@@ -492,7 +500,7 @@ class Kernel:
         probes: head dims beyond what a Case holds)."""
         device = device or self.device
         q, k, v = _tiny(dtype, D, device, N=N)
-        return self.fn(q, k, v)
+        return run_compiled(self.fn, q, k, v)
 
     def _run_probe(self, case: Case, device: str) -> None:
         """Call the kernel on a probe case (masks passed as they are, never converted)."""
@@ -500,7 +508,7 @@ class Kernel:
         if case.backward:
             for t in (inp.query, inp.key, inp.value):
                 t.requires_grad_(True)
-        out = self.fn(inp.query, inp.key, inp.value, **inp.kwargs())
+        out = run_compiled(self.fn, inp.query, inp.key, inp.value, **inp.kwargs())
         out = out[0] if isinstance(out, tuple) else out
         if case.backward:
             out.float().sum().backward()
@@ -764,9 +772,9 @@ class Kernel:
     def call(self, inputs: Inputs):
         """Run the kernel on ``inputs``; returns (out, lse or None)."""
         if inputs.api_args is not None:
-            return call_ragged(self.fn, inputs)
+            return run_compiled(call_ragged, self.fn, inputs)
         args, kw = self.arguments(inputs)
-        res = self.fn(*args, **kw)
+        res = run_compiled(self.fn, *args, **kw)
         if isinstance(res, tuple):
             return res[0], (res[1] if len(res) > 1 else None)
         return res, None
@@ -805,12 +813,12 @@ def check_domain_guard(kernel, device: str) -> list[GuardFinding]:
     if "dtypes" in decl and "float64" not in decl["dtypes"]:
         def f64():
             q, kk, v = (t.double() for t in _tiny("float32", 16, device, N=n))
-            return k.fn(q, kk, v)
+            return run_compiled(k.fn, q, kk, v)
         probes.append(("dtype=float64", f64))
     if torch.device(device).type == "cuda":
         def mixed():
             q, kk, v = _tiny(dt0, 16, device, N=n)
-            return k.fn(q, kk.cpu(), v.cpu())
+            return run_compiled(k.fn, q, kk.cpu(), v.cpu())
         probes.append(("mixed_devices", mixed))
     findings = []
     for name, thunk in probes:
