@@ -77,11 +77,12 @@ def flops(B: int, H: int, Nq: int, Nk: int, D: int, causal: bool, pass_: str) ->
     return f * {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}[pass_]
 
 
-def configurations(quick: bool) -> list[dict]:
-    """Benchmark configurations, most important first (bf16, D=128, N=4K)."""
+def configurations(quick: bool, ns=(4096, 16384, 1024), ds=(128, 64)) -> list[dict]:
+    """Benchmark configurations, most important first (bf16, D=128, N=4K): each length
+    ``ns`` (B = TOKENS / (HEADS N)) and head dim ``ds`` in bf16 and fp16, causal and not."""
     out = []
-    for n in (4096, 16384, 1024):
-        for d in (128, 64):
+    for n in ns:
+        for d in ds:
             for dtype in ("bfloat16", "float16"):
                 for causal in (False, True):
                     out.append(dict(dtype=dtype, D=d, causal=causal, N=n,

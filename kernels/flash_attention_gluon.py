@@ -6,7 +6,7 @@ memory, mbarriers, TMA and ``wgmma`` are explicit. Triton's pipeliner waits on e
 product right after issuing it (docs/benchmarks/sweep.md rounds 11 and 14), so a tile's
 exponentials never run under the next tile's products; here they do. Per program (NC · 64
 query rows of one batch and head; NC, the consumers, in :data:`SCHEDULE` by head dim: 2, or
-3 at D = 64 from 16K queries on, as FlashAttention-3 tiles D ≤ 64):
+3 at D = 64 from 8K queries on, as FlashAttention-3 tiles D ≤ 64):
 
 - a producer warp (``_loads``) issues every TMA load: Q once per warpgroup, then K and V
   tile by tile into ``STAGES``-deep rings, refilling a slot once every consumer released it

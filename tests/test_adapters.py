@@ -282,9 +282,10 @@ def test_bad_declared_capabilities_name_the_key(caps, key):
 def test_compiled_kernels_are_compiled_on_every_call_never_run_eagerly():
     """Dynamo runs a function eagerly, silently, once it has compiled it recompile_limit
     times (one graph per shape under dynamic=False): FlexAttention's adapters would then
-    check its eager path. compiled_every_call compiles every one of 12 shapes."""
+    check its eager path. Their compiled_static, called as every kernel under test is
+    (run_compiled), compiles every one of 12 shapes."""
     import torch._dynamo
-    from flashcheck.verify.adapters import compiled_every_call
+    from flashcheck.verify.adapters import compiled_static, run_compiled
 
     def f(x, s):
         return (x * s).sum(-1)
@@ -303,9 +304,9 @@ def test_compiled_kernels_are_compiled_on_every_call_never_run_eagerly():
             run(torch.ones(k, 3), 2.0)
         assert len(plain) == 8  # the hazard: shapes 9-12 ran eagerly
         torch._dynamo.reset()
-        call = compiled_every_call(f, backend=counting(graphs))
+        call = compiled_static(f, backend=counting(graphs))
         for k in range(1, 13):
-            assert torch.equal(call(torch.ones(k, 3), 2.0), torch.full((k,), 6.0))
+            assert torch.equal(run_compiled(call, torch.ones(k, 3), 2.0), torch.full((k,), 6.0))
         assert len(graphs) == 12
     torch._dynamo.reset()
 

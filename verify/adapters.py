@@ -309,16 +309,12 @@ def run_compiled(fn: Callable, *args, **kwargs):
             return fn(*args, **kwargs)
 
 
-def compiled_every_call(fn: Callable, backend: str | Callable = "inductor") -> Callable:
-    """``fn`` under ``torch.compile(dynamic=False, fullgraph=True)`` through
-    :func:`run_compiled` on every call: compiled, never its eager self (``fullgraph``: a
-    graph break is an error too, not a fall back to eager code for part of it)."""
-    run = torch.compile(fn, dynamic=False, fullgraph=True, backend=backend)
-
-    def call(*args, **kwargs):
-        return run_compiled(run, *args, **kwargs)
-
-    return call
+def compiled_static(fn: Callable, backend: str | Callable = "inductor") -> Callable:
+    """``torch.compile(fn, dynamic=False, fullgraph=True)``: one graph per shape, and a graph
+    break an error rather than a fall back to eager code for part of it. Called as a kernel
+    under test (through :func:`run_compiled`, as :meth:`Kernel.call` does), every call runs
+    compiled however many shapes its worker has met."""
+    return torch.compile(fn, dynamic=False, fullgraph=True, backend=backend)
 
 
 # FlexAttention's compiled kernels take head dims from 16 (its lowering refuses E < 16).
@@ -328,7 +324,7 @@ FLEX_CUDA_HEAD_DIMS = (16, MAX_HEAD_DIM)
 def _flex_kernel(device: str):
     from torch.nn.attention.flex_attention import flex_attention
 
-    run = compiled_every_call(flex_attention) if device.startswith("cuda") else flex_attention
+    run = compiled_static(flex_attention) if device.startswith("cuda") else flex_attention
 
     def flex(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
              enable_gqa=False):

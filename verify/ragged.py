@@ -332,10 +332,10 @@ def sdpa_decode(query, k_cache, v_cache, cache_seqlens, block_table, *, scale=No
 
 
 def _flex_varlen(device: str):
-    from flashcheck.verify.adapters import compiled_every_call
+    from flashcheck.verify.adapters import compiled_static
     from torch.nn.attention.flex_attention import flex_attention
 
-    run = compiled_every_call(flex_attention) if str(device).startswith("cuda") \
+    run = compiled_static(flex_attention) if str(device).startswith("cuda") \
         else flex_attention
 
     def flex_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,

@@ -76,10 +76,7 @@ def timed(ds: list[int], ns: list[int]) -> list[dict]:
     causal, B = TOKENS / (H N) and H) with these head dims and lengths, the matrix's order
     (length, head dim, dtype, causal); lengths off the matrix (2K, 8K, 32K, 64K) by the
     same rule."""
-    return [dict(dtype=dt, D=d, causal=c, N=n, B=bench.TOKENS // (bench.HEADS * n),
-                 H=bench.HEADS)
-            for n in ns for d in sorted(ds, reverse=True) for dt in ("bfloat16", "float16")
-            for c in (False, True)]
+    return bench.configurations(False, ns=ns, ds=sorted(ds, reverse=True))
 
 
 def _lengths(text: str) -> list[int]:
