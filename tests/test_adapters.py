@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 
 import pytest
 import torch
@@ -296,18 +297,33 @@ def test_compiled_kernels_are_compiled_on_every_call_never_run_eagerly():
             return gm.forward
         return backend
 
-    with torch._dynamo.config.patch(recompile_limit=8):
-        torch._dynamo.reset()
-        plain, graphs = [], []
-        run = torch.compile(f, dynamic=False, backend=counting(plain))
-        for k in range(1, 13):
-            run(torch.ones(k, 3), 2.0)
-        assert len(plain) == 8  # the hazard: shapes 9-12 ran eagerly
-        torch._dynamo.reset()
-        call = compiled_static(f, backend=counting(graphs))
-        for k in range(1, 13):
-            assert torch.equal(run_compiled(call, torch.ones(k, 3), 2.0), torch.full((k,), 6.0))
-        assert len(graphs) == 12
+    class Warnings(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith("torch._dynamo hit config.recompile_limit"):
+                hits.append(record)
+
+    hits, log, seen = [], logging.getLogger("torch._dynamo.convert_frame"), Warnings()
+    log.addHandler(seen)
+    try:
+        with torch._dynamo.config.patch(recompile_limit=8):
+            torch._dynamo.reset()
+            plain, graphs = [], []
+            run = torch.compile(f, dynamic=False, backend=counting(plain))
+            for k in range(1, 13):
+                run(torch.ones(k, 3), 2.0)
+            assert len(plain) == 8  # the hazard: shapes 9-12 ran eagerly
+            assert hits  # and Dynamo warned
+            hits.clear()
+            torch._dynamo.reset()
+            call = compiled_static(f, backend=counting(graphs))
+            for k in range(1, 13):
+                got = run_compiled(call, torch.ones(k, 3), 2.0)
+                assert torch.equal(got, torch.full((k,), 6.0))
+            assert len(graphs) == 12
+            # the limit was reached (and handled) at the ninth shape, without Dynamo's warning
+            assert not hits and not log.filters
+    finally:
+        log.removeHandler(seen)
     torch._dynamo.reset()
 
 

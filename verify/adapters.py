@@ -42,6 +42,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import logging
 import math
 import os
 import sys
@@ -296,17 +297,41 @@ def run_compiled(fn: Callable, *args, **kwargs):
     kernel (FlexAttention: one graph per shape, dtype and scale) would be checked on its
     eager path from the ninth shape on. Here reaching a limit raises; Dynamo's caches are
     then reset (the process's: in a worker, the kernel's) and ``fn`` is called again,
-    compiled. Every call of a kernel under test goes through this (:meth:`Kernel.call`, the
-    probes); where nothing imported Dynamo it is a plain call."""
+    compiled. Dynamo's warning on reaching the limit is dropped for the call (handled here,
+    it would be noise in a campaign's log). Every call of a kernel under test goes through
+    this (:meth:`Kernel.call`, the probes); where nothing imported Dynamo it is a plain
+    call."""
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is None:  # nothing in this process can have been compiled
         return fn(*args, **kwargs)
-    with dynamo.config.patch(fail_on_recompile_limit_hit=True):
-        try:
-            return fn(*args, **kwargs)
-        except dynamo.exc.FailOnRecompileLimitHit:
-            dynamo.reset()
-            return fn(*args, **kwargs)
+    log = logging.getLogger(_DYNAMO_LIMIT_LOGGER)
+    outermost = _HANDLED_LIMIT not in log.filters
+    if outermost:
+        log.addFilter(_HANDLED_LIMIT)
+    try:
+        with dynamo.config.patch(fail_on_recompile_limit_hit=True):
+            try:
+                return fn(*args, **kwargs)
+            except dynamo.exc.FailOnRecompileLimitHit:
+                dynamo.reset()
+                return fn(*args, **kwargs)
+    finally:
+        if outermost:
+            log.removeFilter(_HANDLED_LIMIT)
+
+
+# Dynamo warns on reaching a recompile limit ("torch._dynamo hit config.recompile_limit ...",
+# ten lines to stderr) before raising; inside run_compiled that is handled (reset, compiled
+# again), so the warning is dropped there and only there; elsewhere Dynamo warns as ever.
+_DYNAMO_LIMIT_LOGGER = "torch._dynamo.convert_frame"
+
+
+class _HandledLimitWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("torch._dynamo hit config.")
+
+
+_HANDLED_LIMIT = _HandledLimitWarning()
 
 
 def compiled_static(fn: Callable, backend: str | Callable = "inductor") -> Callable:
