@@ -217,6 +217,33 @@ def test_failure_refused_in_a_fresh_process_is_flaky_fresh_not_run(tmp_path):
     assert "head dim must be at least 16" in replay.stdout
 
 
+@pytest.mark.parametrize("script, kind", [
+    (["not_run", "pass"] * 5, "history"),              # refused in some, passed in the rest
+    (["not_run"] * 10, "fresh_not_run"),               # refused in every fresh worker
+    (["not_run", "fail (numerical)", "pass", "pass"] * 2 + ["pass", "pass"], "random"),
+    (["pass"] * 10, "history"),
+])
+def test_flaky_kind_from_fresh_worker_runs(script, kind):
+    """The fresh-worker runs name the kind: a refusal is no failure, so runs that pass where
+    the kernel runs them and are refused elsewhere are "history", not "at random"."""
+    from types import SimpleNamespace
+
+    from flashcheck.verify.fuzz import Campaign
+
+    def verdict(word):
+        status, _, failure = word.partition(" (")
+        return SimpleNamespace(status=status, failure=failure.rstrip(")") or None)
+
+    answers = iter(script)
+    campaign = object.__new__(Campaign)
+    campaign.deadline = None
+    campaign.sup = SimpleNamespace(check=lambda case, **kw: verdict(next(answers)))
+    got, text, runs = campaign._classify_flaky(None)
+    assert (got, len(runs)) == (kind, 5), text
+    if script.count("not_run") and kind == "history":
+        assert "5 not run" in text
+
+
 def test_random_order_is_a_failure(tmp_path):
     """A kernel whose bits change from call to call: nondeterministic, or flaky when a replay
     happened to repeat the bits; either way exit 1 and a file."""

@@ -502,6 +502,11 @@ class Campaign:
             return ("fresh_not_run", f"not run in a fresh worker (refused in {n} of {n} "
                     "runs; the campaign's worker, after earlier cases, ran it): what runs "
                     "depends on the worker's history", runs)
+        if refused and n_fail == 0:
+            # refused in some fresh workers, passed in the others: never wrong there
+            return ("history", f"passes in fresh workers where it runs ({n - refused} of {n} "
+                    f"runs; {refused} not run, refused by the kernel): wrong only after what "
+                    "earlier cases did in the campaign's worker", runs)
         if refused:
             return ("random", f"differs at random: in fresh workers {n_fail} of {n} runs "
                     f"failed, {refused} not run", runs)
