@@ -22,20 +22,21 @@ import math
 import sys
 
 import torch
+from flashcheck.verify.cases import _lay_out
 
 
 def view_of(x: torch.Tensor, fill: str, gen: torch.Generator) -> torch.Tensor:
-    """``x`` (B, H, N, D) as the strided view of a larger buffer whose other elements are
-    ``fill``: "nan", "zero" or "random"."""
-    B, H, N, D = x.shape
-    shape = (B, H, N + 1, 2 * D + 2)
-    if fill == "random":
-        buf = torch.randn(shape, generator=gen, dtype=torch.float32).to(x.dtype)
-    else:
-        buf = torch.full(shape, math.nan if fill == "nan" else 0.0, dtype=x.dtype)
-    buf = buf.to(x.device)
-    buf[:, :, :N, : 2 * D : 2] = x
-    return buf[:, :, :N, : 2 * D : 2]
+    """``x`` (B, H, N, D) in the harness's ``strided`` layout (``verify.cases``), the other
+    elements of its buffer ``fill``: "nan" (the harness's own), "zero" or "random"."""
+    view = _lay_out(x.cpu(), "strided", x.device)
+    if fill == "nan":
+        return view
+    base = view._base
+    buf = (torch.randn(base.shape, generator=gen).to(base.dtype) if fill == "random"
+           else torch.zeros(base.shape, dtype=base.dtype)).to(base.device)
+    out = buf.as_strided(view.shape, view.stride(), view.storage_offset())
+    out.copy_(view)
+    return out
 
 
 def run(fn, q, k, v, do):
@@ -75,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     torch._dynamo.config.accumulated_recompile_limit = 4096
     grads = not args.device.startswith("cpu")  # flex has no backward on the CPU
     rows, gen = [], torch.Generator().manual_seed(0)
+    env = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name()
+           if torch.cuda.is_available() else "none"}
     # the campaign's failing shapes first (D 45 and 16, Nk 87 and 1), then the controls
     configs = [(torch.float16, D, nq, nk) for D in (45, 16, 32, 28, 64)
                for nq, nk in ((87, 87), (75, 1), (128, 128))]
@@ -85,27 +88,23 @@ def main(argv: list[str] | None = None) -> int:
         q, k, v = (torch.randn(B, H, n, D, generator=gen).to(dtype)
                    for n in (Nq, Nk, Nk))
         do = torch.randn(B, H, Nq, D, generator=gen).to(dtype)
-        dev = args.device
-        q, k, v, do = (t.to(dev) for t in (q, k, v, do))
+        q, k, v, do = (t.to(args.device) for t in (q, k, v, do))
         do = do if grads else None
         scale = 1 / math.sqrt(D)
         ref = reference(q, k, v, do, scale)
-        try:
-            base = run(fn, q, k, v, do)
-        except Exception as e:  # noqa: BLE001 - recorded, e.g. out of shared memory
-            rows.append({"dtype": str(dtype)[6:], "D": D, "Nq": Nq, "Nk": Nk,
-                         "neighbours": "contiguous", "raised": f"{type(e).__name__}: "
-                         f"{str(e).splitlines()[0][:200]}"})
-            continue
+        base = None
         for fill in ("contiguous", "nan", "zero", "random"):
             row = {"dtype": str(dtype)[6:], "D": D, "Nq": Nq, "Nk": Nk, "neighbours": fill}
+            rows.append(row)
             try:
-                got = base if fill == "contiguous" else run(
-                    fn, *(view_of(t, fill, gen) for t in (q, k, v)), do)
-            except Exception as e:  # noqa: BLE001
+                got = run(fn, *((q, k, v) if fill == "contiguous" else
+                                (view_of(t, fill, gen) for t in (q, k, v))), do)
+            except Exception as e:  # noqa: BLE001 - recorded, e.g. out of shared memory
                 row["raised"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-                rows.append(row)
+                if fill == "contiguous":
+                    break  # nothing to compare the views with
                 continue
+            base = got if base is None else base
             names = ("out", "dq", "dk", "dv")[: len(got)]
             for name, g, b, r in zip(names, got, base, ref, strict=True):
                 row[name] = {
@@ -114,22 +113,14 @@ def main(argv: list[str] | None = None) -> int:
                     "vs_float64": float((g.double() - r).abs().nan_to_num(math.inf).max()),
                     "nan": int(g.isnan().sum()),
                 }
-            rows.append(row)
             bad = [n for n in names if row[n]["vs_contiguous"] != 0]
             print(f"{row['dtype']:8} D{D:<3} Nq{Nq:<4} Nk{Nk:<4} {fill:10} "
                   + ("same bits as contiguous" if not bad else "DIFFERS: " + ", ".join(
                       f"{n} {row[n]['vs_contiguous']:.3g} (vs f64 {row[n]['vs_float64']:.3g},"
                       f" {row[n]['nan']} NaN)" for n in bad)), flush=True)
-            write(args.out, rows)
-    write(args.out, rows)
+        with open(args.out, "w") as f:  # after each configuration: a run cut short keeps it
+            json.dump({"env": env, "rows": rows}, f, indent=1)
     return 0
-
-
-def write(path: str, rows: list[dict]) -> None:
-    env = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name()
-           if torch.cuda.is_available() else "none"}
-    with open(path, "w") as f:
-        json.dump({"env": env, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
